@@ -1,0 +1,61 @@
+"""numba kernels for every hot loop of vindex.
+
+Pure functions over arrays: no I/O, no Python objects, no closures over index data. Query-path
+kernels are ``nogil`` so searches run in parallel threads; all are ``cache=True``. Call
+:func:`warmup` before serving so compilation (or cache loading) happens up front.
+"""
+from __future__ import annotations
+
+
+def warmup() -> None:
+    """Run every kernel once on tiny inputs of the exact types the library passes."""
+    import numpy as np
+
+    from . import distances, graph, idhash, replicas, scan
+
+    rng = np.random.default_rng(0)
+    d, n = 8, 40
+    heads = rng.standard_normal((n, d)).astype(np.float32)
+    nbrs = np.full((n, 8), -1, dtype=np.int32)
+    visited = np.zeros(n, dtype=np.uint32)
+    bd, bi, bx = np.empty(16, np.float32), np.empty(16, np.int32), np.empty(16, np.bool_)
+    entries = graph.build(np.arange(n, dtype=np.int32), heads, nbrs, 4, 1.44, visited, bd, bi, bx)
+    graph.remove_node(3, heads, nbrs, 1.44)
+    q = heads[:2].copy()
+    for metric in (distances.L2, distances.IP):
+        ids = np.empty((2, 8), np.int32)
+        dd = np.empty((2, 8), np.float32)
+        counts = graph.search_batch(q, heads, nbrs, entries, metric, 8, 10.0, visited,
+                                    n + 10, bd, bi, bx, ids, dd)
+        graph.search_batch(q, heads, nbrs, entries, metric, 8, np.inf, visited,
+                           n + 20, bd, bi, bx, ids, dd)
+        distances.pairwise(metric, q, heads)
+    reps = np.empty((2, 4), np.int32)
+    reps_d = np.empty((2, 4), np.float32)
+    replicas.select(ids, dd, heads, 0.5, 1.0, reps, reps_d)
+    replicas.select_parallel(ids, dd, heads, 0.5, 1.0, reps, reps_d)
+    slot = np.full(n, -1, dtype=np.int32)
+    pids, q_ptr, q_idx = scan.group_by_posting(ids, counts, slot)
+    recs = np.zeros((4, d + 2), np.float32)
+    recs[:, 2:] = heads[:4]
+    data = np.frombuffer(bytearray(recs.tobytes()), dtype=np.uint8)  # writable, as stores return
+    recs_f = np.frombuffer(data, dtype=np.float32).reshape(-1, d + 2)
+    recs_u = recs_f.view(np.uint32)
+    versions = np.zeros(8, np.uint8)
+    vid2ext = np.arange(8, dtype=np.int64)
+    live = scan.live_mask(recs_u, versions)
+    offsets = np.array([0, 4], dtype=np.int64)
+    one_ptr = np.array([0, 2], dtype=np.int64)
+    one_idx = np.array([0, 1], dtype=np.int32)
+    for metric in (distances.L2, distances.IP):
+        hd = np.empty((2, 3), np.float32)
+        hi = np.empty((2, 3), np.int64)
+        sizes = np.zeros(2, np.int32)
+        scan.scan_grouped(recs_f, recs_u, live, offsets, one_ptr, one_idx, q, vid2ext, metric,
+                          hd, hi, sizes)
+        scan.finish(hd, hi, sizes)
+    table = np.full(32, -1, dtype=np.int32)
+    idhash.rebuild(table, vid2ext, 8)
+    idhash.insert(np.full(32, -1, dtype=np.int32), vid2ext, np.arange(8, dtype=np.int64))
+    idhash.lookup(table, vid2ext, np.arange(10, dtype=np.int64))
+    _ = pids, q_ptr, q_idx

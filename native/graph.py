@@ -1,0 +1,244 @@
+"""Head graph: a navigable proximity graph over the heads (centroids).
+
+The graph is an adjacency matrix ``nbrs (capacity, R) int32`` padded with -1, over the head
+vectors ``heads (capacity, d) float32``. It is built and edited with DiskANN's rules: greedy
+beam search over a sorted, bounded candidate list, robust pruning with a factor ``alpha`` for
+out-edges, reverse edges on insert, and local repair of in-neighbours on removal
+(FreshDiskANN). Geometry is always squared L2 between heads; searches may rank by the index's
+metric.
+
+Beam search state (``bd, bi, bx``: distances, ids, expanded flags, each of length ``ef``) and
+the ``visited`` stamp array are scratch space owned by the caller, one set per thread, so the
+kernels allocate nothing on the query path and are safe to run concurrently.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from .distances import L2, distance, l2sq, reference, within_eps
+
+_q = dict(cache=True, nogil=True, fastmath=True)
+
+
+@nb.njit(inline="always", **_q)
+def _beam_insert(bd, bi, bx, size, d, node):
+    """Insert ``(d, node)`` into the sorted beam; returns ``(new size, position)``.
+
+    The position is ``len(bd)`` when the beam is full and ``d`` does not beat its last entry.
+    """
+    ef = bd.shape[0]
+    if size == ef and d >= bd[size - 1]:
+        return size, ef
+    lo = 0
+    hi = size
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if bd[mid] <= d:
+            lo = mid + 1
+        else:
+            hi = mid
+    end = size if size < ef else ef - 1
+    for t in range(end, lo, -1):
+        bd[t] = bd[t - 1]
+        bi[t] = bi[t - 1]
+        bx[t] = bx[t - 1]
+    bd[lo] = d
+    bi[lo] = node
+    bx[lo] = False
+    if size < ef:
+        size += 1
+    return size, lo
+
+
+@nb.njit(**_q)
+def beam_search(q, heads, nbrs, entries, metric, visited, stamp, bd, bi, bx):
+    """Greedy beam search for ``q``; fills ``bd/bi`` (sorted ascending) and returns their length."""
+    size = 0
+    for t in range(entries.shape[0]):
+        e = entries[t]
+        if e < 0 or visited[e] == stamp:
+            continue
+        visited[e] = stamp
+        size, _ = _beam_insert(bd, bi, bx, size, distance(metric, q, heads[e]), e)
+    cur = 0
+    degree = nbrs.shape[1]
+    while cur < size:
+        if bx[cur]:
+            cur += 1
+            continue
+        bx[cur] = True
+        node = bi[cur]
+        nxt = cur + 1
+        for j in range(degree):
+            nb_ = nbrs[node, j]
+            if nb_ < 0:
+                break
+            if visited[nb_] == stamp:
+                continue
+            visited[nb_] = stamp
+            size, pos = _beam_insert(bd, bi, bx, size, distance(metric, q, heads[nb_]), nb_)
+            if pos < nxt:
+                nxt = pos
+        cur = nxt
+    return size
+
+
+@nb.njit(**_q)
+def search_batch(queries, heads, nbrs, entries, metric, m, eps, visited, stamp0, bd, bi, bx,
+                 out_ids, out_d):
+    """Nearest ``m`` heads for each query, pruned by ``d <= d_1 + eps*|d_1|``.
+
+    Writes ``out_ids (nq, m) int32`` (-1 padded) and ``out_d``; returns the kept count per
+    query. Query ``i`` uses visited stamp ``stamp0 + i``.
+    """
+    nq = queries.shape[0]
+    counts = np.zeros(nq, dtype=np.int32)
+    for i in range(nq):
+        size = beam_search(queries[i], heads, nbrs, entries, metric, visited,
+                           np.uint32(stamp0 + i), bd, bi, bx)
+        keep = 0
+        if size > 0:
+            limit = min(size, m)
+            best = reference(bd, limit)
+            while keep < limit and within_eps(bd[keep], best, eps):
+                out_ids[i, keep] = bi[keep]
+                out_d[i, keep] = bd[keep]
+                keep += 1
+        for t in range(keep, m):
+            out_ids[i, t] = -1
+            out_d[i, t] = np.inf
+        counts[i] = keep
+    return counts
+
+
+@nb.njit(**_q)
+def robust_prune(p, cand, cand_d, heads, alpha2, out):
+    """DiskANN RobustPrune: keep candidate c (ascending by distance to p) unless an already
+    kept r has ``alpha2 * D(r, c) <= D(p, c)``. Writes up to ``len(out)`` ids, -1 padded;
+    returns the count. Distances are squared L2, so ``alpha2`` is alpha squared."""
+    R = out.shape[0]
+    n = 0
+    for t in range(cand.shape[0]):
+        c = cand[t]
+        if c < 0 or c == p:
+            continue
+        dup = False
+        for r in range(n):
+            if out[r] == c:
+                dup = True
+                break
+        if dup:
+            continue
+        ok = True
+        for r in range(n):
+            if alpha2 * l2sq(heads[out[r]], heads[c]) <= cand_d[t]:
+                ok = False
+                break
+        if ok:
+            out[n] = c
+            n += 1
+            if n == R:
+                break
+    for r in range(n, R):
+        out[r] = -1
+    return n
+
+
+@nb.njit(**_q)
+def _repair(j, extra, heads, nbrs, alpha2):
+    """Re-prune the out-edges of ``j`` over its current neighbours plus ``extra`` ids."""
+    R = nbrs.shape[1]
+    cand = np.empty(R + extra.shape[0], dtype=np.int32)
+    n = 0
+    for t in range(R):
+        c = nbrs[j, t]
+        if c >= 0:
+            cand[n] = c
+            n += 1
+    for t in range(extra.shape[0]):
+        if extra[t] >= 0:
+            cand[n] = extra[t]
+            n += 1
+    cand = cand[:n]
+    cd = np.empty(n, dtype=np.float32)
+    for t in range(n):
+        cd[t] = l2sq(heads[j], heads[cand[t]])
+    order = np.argsort(cd, kind="mergesort")
+    robust_prune(j, cand[order], cd[order], heads, alpha2, nbrs[j])
+
+
+@nb.njit(**_q)
+def insert_node(p, heads, nbrs, entries, alpha2, visited, stamp, bd, bi, bx):
+    """Link head ``p`` (its vector already in ``heads``) into the graph."""
+    size = beam_search(heads[p], heads, nbrs, entries, L2, visited, stamp, bd, bi, bx)
+    robust_prune(p, bi[:size], bd[:size], heads, alpha2, nbrs[p])
+    R = nbrs.shape[1]
+    one = np.empty(1, dtype=np.int32)
+    one[0] = p
+    for t in range(R):
+        r = nbrs[p, t]
+        if r < 0:
+            break
+        placed = False
+        for s in range(R):
+            if nbrs[r, s] == p:
+                placed = True
+                break
+            if nbrs[r, s] < 0:
+                nbrs[r, s] = p
+                placed = True
+                break
+        if not placed:
+            _repair(r, one, heads, nbrs, alpha2)
+
+
+@nb.njit(**_q)
+def remove_node(p, heads, nbrs, alpha2):
+    """Unlink head ``p``: every in-neighbour j re-prunes over N(j) - p + N(p) - j."""
+    R = nbrs.shape[1]
+    for j in range(nbrs.shape[0]):
+        if j == p:
+            continue
+        has = False
+        for s in range(R):
+            c = nbrs[j, s]
+            if c < 0:
+                break
+            if c == p:
+                has = True
+                break
+        if not has:
+            continue
+        # drop p, then re-prune over the rest plus p's out-neighbours
+        w = 0
+        for s in range(R):
+            c = nbrs[j, s]
+            if c >= 0 and c != p:
+                nbrs[j, w] = c
+                w += 1
+        for s in range(w, R):
+            nbrs[j, s] = -1
+        extra = np.empty(R, dtype=np.int32)
+        for s in range(R):
+            c = nbrs[p, s]
+            extra[s] = c if c != j else -1
+        _repair(j, extra, heads, nbrs, alpha2)
+    for s in range(R):
+        nbrs[p, s] = -1
+
+
+@nb.njit(**_q)
+def build(order, heads, nbrs, n_entries, alpha2, visited, bd, bi, bx):
+    """Insert heads in ``order`` one by one; the first ``n_entries`` inserted serve as entry
+    points for the later ones. Visited stamps start at 1; the caller passes a zeroed array."""
+    entries = np.empty(min(n_entries, order.shape[0]), dtype=np.int32)
+    n_e = 0
+    for t in range(order.shape[0]):
+        p = order[t]
+        if n_e > 0:
+            insert_node(p, heads, nbrs, entries[:n_e], alpha2, visited, np.uint32(t + 1), bd, bi, bx)
+        if n_e < entries.shape[0]:
+            entries[n_e] = p
+            n_e += 1
+    return entries

@@ -1,0 +1,129 @@
+"""Bounded top-k heaps keyed by ``(distance, id)``.
+
+A heap is a pair of arrays ``(dists f4[k], ids i8[k])`` plus a size the caller keeps. It is a
+max-heap on ``(distance, id)`` so the root is the current worst of the k best; ties in distance
+are broken by the smaller id, which makes results deterministic and comparable with a
+brute-force oracle.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from .distances import reference, within_eps
+
+_opts = dict(cache=True, nogil=True)
+
+
+@nb.njit(inline="always", **_opts)
+def worse(d1, i1, d2, i2):
+    """True when ``(d1, i1)`` ranks after ``(d2, i2)``."""
+    return d1 > d2 or (d1 == d2 and i1 > i2)
+
+
+@nb.njit(inline="always", **_opts)
+def _sift_down(dists, ids, size, pos):
+    d = dists[pos]
+    i = ids[pos]
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        if child + 1 < size and worse(dists[child + 1], ids[child + 1], dists[child], ids[child]):
+            child += 1
+        if not worse(dists[child], ids[child], d, i):
+            break
+        dists[pos] = dists[child]
+        ids[pos] = ids[child]
+        pos = child
+    dists[pos] = d
+    ids[pos] = i
+
+
+@nb.njit(inline="always", **_opts)
+def push(dists, ids, size, d, i):
+    """Offer ``(d, i)`` to a heap of capacity ``len(dists)``; returns the new size."""
+    k = dists.shape[0]
+    if size < k:
+        pos = size
+        while pos > 0:
+            parent = (pos - 1) >> 1
+            if not worse(d, i, dists[parent], ids[parent]):
+                break
+            dists[pos] = dists[parent]
+            ids[pos] = ids[parent]
+            pos = parent
+        dists[pos] = d
+        ids[pos] = i
+        return size + 1
+    if worse(d, i, dists[0], ids[0]) or (d == dists[0] and i == ids[0]):
+        return size
+    dists[0] = d
+    ids[0] = i
+    _sift_down(dists, ids, size, 0)
+    return size
+
+
+@nb.njit(inline="always", **_opts)
+def accepts(dists, ids, size, d, i):
+    """Would ``push`` change the heap?  Cheap pre-check before a duplicate test."""
+    if size < dists.shape[0]:
+        return True
+    return worse(dists[0], ids[0], d, i)
+
+
+@nb.njit(inline="always", **_opts)
+def contains(ids, size, i):
+    for j in range(size):
+        if ids[j] == i:
+            return True
+    return False
+
+
+@nb.njit(**_opts)
+def sort_inplace(dists, ids, size):
+    """Sort the first ``size`` entries ascending by ``(distance, id)`` (insertion sort; k is small)."""
+    for a in range(1, size):
+        d = dists[a]
+        i = ids[a]
+        b = a - 1
+        while b >= 0 and worse(dists[b], ids[b], d, i):
+            dists[b + 1] = dists[b]
+            ids[b + 1] = ids[b]
+            b -= 1
+        dists[b + 1] = d
+        ids[b + 1] = i
+
+
+@nb.njit(cache=True, nogil=True, fastmath=True)
+def select_rows(dist, alive, m, eps, out_ids, out_d):
+    """Per row of ``dist (nq, H)``: the ``m`` smallest columns among ``alive`` ones, ascending,
+    pruned by ``d <= ref + eps*|ref|`` (see ``distances.within_eps``). Writes ``out_ids (nq, m)``
+    (-1 padded) and ``out_d``; returns kept counts. Used for exact head search."""
+    nq, h = dist.shape
+    counts = np.zeros(nq, dtype=np.int32)
+    hd = np.empty(m, dtype=np.float32)
+    hi = np.empty(m, dtype=np.int64)
+    for i in range(nq):
+        size = 0
+        row = dist[i]
+        worst = np.float32(np.inf)  # heap root once full: a cheap scalar reject test
+        for j in range(h):
+            v = row[j]
+            if v > worst or not alive[j]:
+                continue
+            size = push(hd, hi, size, v, j)
+            if size == m:
+                worst = hd[0]
+        sort_inplace(hd, hi, size)
+        ref = reference(hd, size)
+        keep = 0
+        while keep < size and within_eps(hd[keep], ref, eps):
+            out_ids[i, keep] = hi[keep]
+            out_d[i, keep] = hd[keep]
+            keep += 1
+        for t in range(keep, m):
+            out_ids[i, t] = -1
+            out_d[i, t] = np.inf
+        counts[i] = keep
+    return counts

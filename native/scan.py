@@ -1,0 +1,127 @@
+"""Posting scan: exact distances over posting records, version filter, replica dedupe.
+
+A posting record is one row of a ``(E, 2 + d)`` 32-bit matrix: word 0 is the internal vector
+id (vid), word 1 the version it was written with, words 2.. the float32 vector. The same
+memory is passed twice, as ``float32`` (vectors) and ``uint32`` (vid, version), so decoding a
+posting is ``numpy.frombuffer`` and nothing else.
+
+An entry is live iff ``versions[vid] == version``: the version map stores a deleted flag in
+its high bit, so a deleted vid never matches, and an upsert bumps the version so old copies
+stop matching. A vid appears in up to ``max_replicas`` postings; results hold each external
+id at most once.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from . import heap
+from .distances import L2
+
+_q = dict(cache=True, nogil=True, fastmath=True)
+
+RECORD_HEADER_WORDS = 2
+
+
+@nb.njit(**_q)
+def live_mask(recs_u, versions):
+    """Per-record liveness against the version map (computed once per batch, not per query)."""
+    n = recs_u.shape[0]
+    out = np.empty(n, dtype=np.bool_)
+    nv = versions.shape[0]
+    for e in range(n):
+        vid = recs_u[e, 0]
+        out[e] = vid < nv and versions[vid] == recs_u[e, 1]
+    return out
+
+
+@nb.njit(**_q)
+def group_by_posting(sel, counts, slot):
+    """Invert per-query head lists into per-posting query lists.
+
+    ``sel (nq, m) int32`` holds each query's heads (first ``counts[i]`` valid). ``slot`` is
+    scratch of length >= number of heads, all -1 on entry and restored to -1 on exit.
+    Returns ``(pids ascending, q_ptr (P+1) int64, q_idx)``: posting ``pids[p]`` is wanted by
+    queries ``q_idx[q_ptr[p]:q_ptr[p+1]]``.
+    """
+    nq = sel.shape[0]
+    total = 0
+    for i in range(nq):
+        total += counts[i]
+    uniq = np.empty(total, dtype=np.int32)
+    n_u = 0
+    for i in range(nq):
+        for t in range(counts[i]):
+            h = sel[i, t]
+            if slot[h] < 0:
+                slot[h] = 0
+                uniq[n_u] = h
+                n_u += 1
+    pids = np.sort(uniq[:n_u])
+    for p in range(n_u):
+        slot[pids[p]] = p
+    q_ptr = np.zeros(n_u + 1, dtype=np.int64)
+    for i in range(nq):
+        for t in range(counts[i]):
+            q_ptr[slot[sel[i, t]] + 1] += 1
+    for p in range(n_u):
+        q_ptr[p + 1] += q_ptr[p]
+    fill = q_ptr[:-1].copy()
+    q_idx = np.empty(total, dtype=np.int32)
+    for i in range(nq):
+        for t in range(counts[i]):
+            p = slot[sel[i, t]]
+            q_idx[fill[p]] = i
+            fill[p] += 1
+    for p in range(n_u):
+        slot[pids[p]] = -1
+    return pids, q_ptr, q_idx
+
+
+@nb.njit(**_q)
+def scan_grouped(recs_f, recs_u, live, post_off, q_ptr, q_idx, queries, vid2ext, metric,
+                 heap_d, heap_i, sizes):
+    """Scan each posting once for every query that wants it, posting-major so a posting stays
+    in cache while its queries run over it. Heaps ``heap_d/heap_i (nq, k)`` and ``sizes`` carry
+    over between calls, so a batch can be scanned in pieces."""
+    d = queries.shape[1]
+    for p in range(post_off.shape[0] - 1):
+        e0 = post_off[p]
+        e1 = post_off[p + 1]
+        for t in range(q_ptr[p], q_ptr[p + 1]):
+            qi = q_idx[t]
+            q = queries[qi]
+            hd = heap_d[qi]
+            hi = heap_i[qi]
+            size = sizes[qi]
+            worst = hd[0] if size == hd.shape[0] else np.float32(np.inf)
+            for e in range(e0, e1):
+                if not live[e]:
+                    continue
+                s = np.float32(0.0)
+                if metric == L2:
+                    for j in range(d):
+                        diff = q[j] - recs_f[e, RECORD_HEADER_WORDS + j]
+                        s += diff * diff
+                else:
+                    for j in range(d):
+                        s += q[j] * recs_f[e, RECORD_HEADER_WORDS + j]
+                    s = -s
+                if s > worst:
+                    continue
+                ext = vid2ext[recs_u[e, 0]]
+                if heap.accepts(hd, hi, size, s, ext) and not heap.contains(hi, size, ext):
+                    size = heap.push(hd, hi, size, s, ext)
+                    if size == hd.shape[0]:
+                        worst = hd[0]
+            sizes[qi] = size
+
+
+@nb.njit(**_q)
+def finish(heap_d, heap_i, sizes):
+    """Sort each heap ascending by (distance, id); pad with +inf / -1."""
+    for i in range(heap_d.shape[0]):
+        heap.sort_inplace(heap_d[i], heap_i[i], sizes[i])
+        for t in range(sizes[i], heap_d.shape[1]):
+            heap_d[i, t] = np.inf
+            heap_i[i, t] = -1

@@ -1,0 +1,35 @@
+"""vindex: an updatable, disk-resident approximate nearest-neighbour index.
+
+SPANN/SPFresh design: in-memory heads navigated by a graph, posting lists on disk (RocksDB),
+numba kernels for every hot loop.
+
+    >>> import vindex
+    >>> index = vindex.Index.build("/tmp/idx", vectors)        # doctest: +SKIP
+    >>> ids, dists = index.search(queries, k=10)                # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from .config import IndexConfig
+from .errors import (CorruptionError, DimensionError, DuplicateIdError, IndexClosedError,
+                     IndexExistsError, IndexLockedError, IndexNotFoundError, InvalidConfigError, InvalidIdError,
+                     InvalidInputError, InvalidKError, LengthMismatchError, NonFiniteError,
+                     NotAnIndexError, VindexError)
+from .index import Index, SearchResult
+
+__version__ = "0.1.0"
+
+
+def warmup() -> None:
+    """Compile (or load from cache) every numba kernel, so the first query is not slow."""
+    import native
+
+    native.warmup()
+
+
+__all__ = [
+    "Index", "IndexConfig", "SearchResult", "warmup",
+    "VindexError", "InvalidInputError", "DimensionError", "NonFiniteError", "InvalidKError",
+    "InvalidIdError", "LengthMismatchError", "DuplicateIdError", "IndexNotFoundError",
+    "NotAnIndexError", "IndexExistsError", "IndexLockedError", "InvalidConfigError", "IndexClosedError",
+    "CorruptionError",
+]

@@ -1,0 +1,151 @@
+"""Index configuration: one frozen dataclass, every parameter documented once.
+
+Structural parameters are fixed when an index is built or created and saved with it.
+Runtime parameters (marked below) may be changed when an index is reopened. Search
+parameters given per call override the defaults here for that call only.
+See ``docs/params.md`` for ranges and costs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import InvalidConfigError
+
+METRICS = ("l2", "ip", "cosine")
+STORES = ("rocksdb", "memory")
+
+#: Fields that may differ between the process that built an index and one that reopens it.
+RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads"})
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """Every tunable of a vindex index."""
+
+    # --- postings -------------------------------------------------------------------------
+    posting_limit_bytes: int = 48 * 1024
+    """Byte budget of one posting list (records are ``4 * (dim + 2)`` bytes). Turned into a
+    vector count per dimension; a bulk build never writes a posting above it."""
+    build_fill: float = 0.5
+    """Target mean posting size after a bulk build, as a fraction of the budget. Sets the
+    number of heads: smaller means more heads (more memory, finer partitions)."""
+
+    # --- replicas (SPANN closure assignment with the RNG rule) -----------------------------
+    max_replicas: int = 8
+    """At most this many postings hold a copy of one vector."""
+    replica_candidates: int = 64
+    """Nearest heads examined when choosing a vector's postings."""
+    replica_eps: float = 0.5
+    """A head is a replica candidate only while ``D(x,c) <= (1+eps) * D(x,c_1)``."""
+    rng_factor: float = 1.0
+    """RNG rule: accept head c only if ``rng_factor * D(c, c') > D(x, c)`` for each accepted c'."""
+
+    # --- head graph ------------------------------------------------------------------------
+    graph_degree: int = 32
+    """Out-degree bound of the head graph."""
+    graph_build_ef: int = 128
+    """Beam width when inserting a head into the graph."""
+    graph_alpha: float = 1.2
+    """DiskANN pruning factor; > 1 keeps longer edges for faster navigation."""
+    graph_entries: int = 64
+    """Entry points (a sample of heads) every head search starts from."""
+
+    # --- clustering ------------------------------------------------------------------------
+    kmeans_iters: int = 12
+    """k-means iterations at each level of the hierarchical clustering."""
+    kmeans_max_points_per_centroid: int = 128
+    """Training sample bound for the top level, as in faiss."""
+    seed: int = 0
+    """Seed of every random choice in a build; equal inputs give equal indexes."""
+    build_threads: int = 0
+    """(runtime) Threads for a bulk build; 0 means all cores."""
+
+    # --- search defaults (each overridable per call) -----------------------------------------
+    max_postings: int = 64
+    """Postings a query may visit."""
+    search_eps: float = 10.0
+    """Query-aware pruning: visit head j only if ``D(q,c_j) <= (1+eps) * D(q,c_1)``."""
+    search_ef: int = 0
+    """Beam width of the head-graph search; 0 means ``max(2 * max_postings, 64)``."""
+
+    # --- storage ---------------------------------------------------------------------------
+    store: str = "rocksdb"
+    """Posting store: ``rocksdb`` (embedded, the default) or ``memory`` (tests; not persisted)."""
+    cache_bytes: int = 512 * 1024 * 1024
+    """(runtime) RocksDB block cache size."""
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, name: str, expected: str) -> None:
+            if not cond:
+                raise InvalidConfigError(
+                    f"config {name}: expected {expected}, got {getattr(self, name)!r}")
+
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InvalidConfigError(f"config {f.name}: expected an integer, got {value!r}")
+            if f.type == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise InvalidConfigError(f"config {f.name}: expected a number, got {value!r}")
+        need(self.posting_limit_bytes >= 1024, "posting_limit_bytes", ">= 1024")
+        need(0.05 <= self.build_fill <= 1.0, "build_fill", "a fraction in [0.05, 1]")
+        need(1 <= self.max_replicas <= 8, "max_replicas", "1..8")
+        need(1 <= self.replica_candidates <= 1024, "replica_candidates", "1..1024")
+        need(self.replica_eps >= 0, "replica_eps", ">= 0")
+        need(self.rng_factor > 0, "rng_factor", "> 0")
+        need(4 <= self.graph_degree <= 256, "graph_degree", "4..256")
+        need(self.graph_build_ef >= self.graph_degree, "graph_build_ef", ">= graph_degree")
+        need(self.graph_alpha >= 1.0, "graph_alpha", ">= 1.0")
+        need(1 <= self.graph_entries <= 4096, "graph_entries", "1..4096")
+        need(1 <= self.kmeans_iters <= 1000, "kmeans_iters", "1..1000")
+        need(self.kmeans_max_points_per_centroid >= 8, "kmeans_max_points_per_centroid", ">= 8")
+        need(self.seed >= 0, "seed", ">= 0")
+        need(self.build_threads >= 0, "build_threads", ">= 0")
+        need(1 <= self.max_postings <= 4096, "max_postings", "1..4096")
+        need(self.search_eps >= 0, "search_eps", ">= 0")
+        need(self.search_ef == 0 or self.search_ef >= 1, "search_ef", "0 (auto) or >= 1")
+        need(self.store in STORES, "store", f"one of {STORES}")
+        need(self.cache_bytes >= 0, "cache_bytes", ">= 0")
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> "IndexConfig":
+        """Build a config from keyword arguments, naming any that are unknown."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise InvalidConfigError(
+                f"unknown config parameter(s) {unknown}; expected some of {sorted(known)}")
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> "IndexConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "IndexConfig":
+        # Ignore keys written by newer versions; fields added since use their defaults.
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def posting_limit(self, dim: int) -> int:
+        """Posting budget in vectors for this dimension (at least 4)."""
+        return max(4, self.posting_limit_bytes // record_bytes(dim))
+
+    def ef_for(self, max_postings: int) -> int:
+        return self.search_ef if self.search_ef > 0 else max(2 * max_postings, 64)
+
+
+def record_bytes(dim: int) -> int:
+    """Bytes of one posting record: vid (u32), version (u32), ``dim`` float32."""
+    return 4 * (dim + 2)
+
+
+def check_metric(metric: str) -> str:
+    if metric not in METRICS:
+        raise InvalidConfigError(f"metric: expected one of {METRICS}, got {metric!r}")
+    return metric
+
+

@@ -1,0 +1,80 @@
+"""Exceptions raised by vindex.
+
+Every problem with caller input is a ``ValueError`` subclass whose message says what was
+expected and what was given, naming the offending ids where there are any.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class VindexError(Exception):
+    """Base class of every vindex error."""
+
+
+class InvalidInputError(VindexError, ValueError):
+    """Bad caller input; nothing was changed."""
+
+
+class DimensionError(InvalidInputError):
+    """Vectors or queries of the wrong dimension or shape."""
+
+
+class NonFiniteError(InvalidInputError):
+    """NaN or infinite values in vectors or queries."""
+
+
+class InvalidKError(InvalidInputError):
+    """``k`` (or another search parameter) out of range."""
+
+
+class InvalidIdError(InvalidInputError):
+    """Ids that are not non-negative integers."""
+
+
+class LengthMismatchError(InvalidInputError):
+    """Ids and vectors of different lengths."""
+
+
+class DuplicateIdError(InvalidInputError):
+    """Ids repeated within one call, or ``add`` of ids already in the index."""
+
+    def __init__(self, message: str, ids: Iterable[int]):
+        super().__init__(message)
+        self.ids = [int(i) for i in ids]
+
+
+class IndexNotFoundError(InvalidInputError, FileNotFoundError):
+    """``Index.open`` on a path that does not exist."""
+
+
+class NotAnIndexError(InvalidInputError):
+    """``Index.open`` on a directory that holds no vindex index."""
+
+
+class IndexExistsError(InvalidInputError, FileExistsError):
+    """``Index.create`` / ``Index.build`` over an existing index or a non-empty directory."""
+
+
+class InvalidConfigError(InvalidInputError):
+    """A configuration value out of range or of the wrong type."""
+
+
+class IndexClosedError(VindexError, RuntimeError):
+    """Use of an index after ``close()``."""
+
+
+class IndexLockedError(VindexError, RuntimeError):
+    """The index is already open in this or another process."""
+
+
+class CorruptionError(VindexError):
+    """Index files fail a checksum or a structural check."""
+
+
+def preview(ids: Iterable[int], limit: int = 10) -> str:
+    """``[3, 7, 9]`` or ``[3, 7, ... (+12 more)]`` for error messages."""
+    ids = [int(i) for i in ids]
+    head = ", ".join(str(i) for i in ids[:limit])
+    more = f", ... (+{len(ids) - limit} more)" if len(ids) > limit else ""
+    return f"[{head}{more}]"

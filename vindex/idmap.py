@@ -1,0 +1,93 @@
+"""Id map and version map.
+
+External ids (non-negative int64 chosen by the user) map to dense internal vids (uint32)
+that posting records carry. Per vid the map keeps the external id (``vid2ext``) and one
+version byte: the low 7 bits are the version the live copy was written with, the high bit
+marks a deleted vid. A posting entry is live iff its stored version equals the byte, so an
+upsert (version + 1) or a delete (high bit) makes every old copy dead without touching disk.
+
+Arrays are replaced, never resized in place, so a search holding the old arrays stays valid
+while a writer grows them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from native import idhash
+
+DELETED = np.uint8(0x80)
+VERSION_MASK = np.uint8(0x7F)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(4, int(n - 1).bit_length())
+
+
+class IdMap:
+    """External id <-> vid, plus the version map."""
+
+    def __init__(self, capacity: int = 1024):
+        capacity = max(capacity, 16)
+        self.vid2ext = np.full(capacity, -1, dtype=np.int64)
+        self.versions = np.full(capacity, DELETED, dtype=np.uint8)
+        self.table = np.full(_pow2_at_least(2 * capacity), -1, dtype=np.int32)
+        self.n_vids = 0
+        self.n_live = 0
+
+    # --- queries --------------------------------------------------------------------------------
+    def lookup(self, exts: np.ndarray) -> np.ndarray:
+        """vids of ``exts`` (int64; -1 for ids never seen)."""
+        return idhash.lookup(self.table, self.vid2ext, exts)
+
+    def live_vids(self, exts: np.ndarray) -> np.ndarray:
+        """vids of ``exts`` that are currently live (-1 otherwise)."""
+        vids = self.lookup(exts)
+        known = vids >= 0
+        dead = np.zeros_like(known)
+        dead[known] = (self.versions[vids[known]] & DELETED) != 0
+        vids[dead] = -1
+        return vids
+
+    # --- updates (callers serialise writers) ----------------------------------------------------
+    def allocate(self, exts: np.ndarray) -> np.ndarray:
+        """New vids for ids not in the map (caller checked); versions start at 0, live."""
+        n = exts.shape[0]
+        start = self.n_vids
+        self._reserve(start + n)
+        vids = np.arange(start, start + n, dtype=np.int64)
+        self.vid2ext[start:start + n] = exts
+        self.versions[start:start + n] = 0
+        idhash.insert(self.table, self.vid2ext, vids)
+        self.n_vids = start + n
+        self.n_live += n
+        return vids
+
+    def _reserve(self, n: int) -> None:
+        cap = self.vid2ext.shape[0]
+        if n > cap:
+            new_cap = max(n, 2 * cap)
+            vid2ext = np.full(new_cap, -1, dtype=np.int64)
+            vid2ext[:cap] = self.vid2ext
+            versions = np.full(new_cap, DELETED, dtype=np.uint8)
+            versions[:cap] = self.versions
+            self.vid2ext, self.versions = vid2ext, versions
+        if 2 * n > self.table.shape[0]:
+            table = np.full(_pow2_at_least(4 * n), -1, dtype=np.int32)
+            idhash.rebuild(table, self.vid2ext, self.n_vids)
+            self.table = table
+
+    # --- persistence ----------------------------------------------------------------------------
+    def arrays(self) -> dict[str, np.ndarray]:
+        n = self.n_vids
+        return {"vid2ext": self.vid2ext[:n], "versions": self.versions[:n]}
+
+    @classmethod
+    def from_arrays(cls, vid2ext: np.ndarray, versions: np.ndarray) -> "IdMap":
+        n = vid2ext.shape[0]
+        m = cls(capacity=max(n, 16))
+        m.vid2ext[:n] = vid2ext
+        m.versions[:n] = versions
+        m.n_vids = n
+        idhash.rebuild(m.table, m.vid2ext, n)
+        m.n_live = int(((versions & DELETED) == 0).sum())
+        return m

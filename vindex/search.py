@@ -1,0 +1,42 @@
+"""The search path: head-graph search -> grouped posting reads -> scan -> top-k.
+
+A batch is grouped by posting, so each posting is read from the store once per batch however
+many queries want it, and scanned while it is in cache for all of them. Reads go in pieces of
+``READ_CHUNK`` postings to bound memory; the per-query heaps carry over between pieces.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from native import scan
+
+from .heads import HeadGraph, scratch
+from .idmap import IdMap
+from .storage import IOClass, PostingStore, records
+
+#: Postings per store read; bounds the bytes held at once (~25 KB each by default).
+READ_CHUNK = 2048
+
+
+def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store: PostingStore,
+           metric: int, max_postings: int, eps: float, ef: int,
+           io: IOClass = IOClass.INTERACTIVE) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` ``(ext ids (nq, k) int64, internal distances (nq, k) float32)``, padded."""
+    nq, dim = queries.shape
+    heap_d = np.empty((nq, k), dtype=np.float32)
+    heap_i = np.empty((nq, k), dtype=np.int64)
+    sizes = np.zeros(nq, dtype=np.int32)
+    head_ids, _, counts = graph.search(queries, metric, max_postings, eps, ef)
+    pids, q_ptr, q_idx = scan.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
+    # Snapshot the map arrays once: entries written after this search began are not yet
+    # acknowledged, and a writer growing the map swaps in new arrays without touching these.
+    versions, vid2ext = idmap.versions, idmap.vid2ext
+    for lo in range(0, pids.shape[0], READ_CHUNK):
+        hi = min(lo + READ_CHUNK, pids.shape[0])
+        batch = store.read(pids[lo:hi], io)
+        recs_f, recs_u = records.view(batch.data, dim)
+        live = scan.live_mask(recs_u, versions)
+        scan.scan_grouped(recs_f, recs_u, live, batch.offsets, q_ptr[lo:hi + 1], q_idx, queries,
+                          vid2ext, metric, heap_d, heap_i, sizes)
+    scan.finish(heap_d, heap_i, sizes)
+    return heap_i, heap_d

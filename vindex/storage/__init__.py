@@ -1,0 +1,22 @@
+"""Posting storage: the ``PostingStore`` protocol and its implementations.
+
+A posting is a list of fixed-size records (see ``records``). Stores read many postings in one
+call and apply appends, replacements and drops atomically together with one operation-log
+record, so the in-memory state (id map, version map, heads) can always be rebuilt from the
+last checkpoint plus the log. Every call names the I/O class it serves.
+"""
+from __future__ import annotations
+
+from .base import Change, IOClass, PostingBatch, PostingStore
+from .memory import MemoryStore
+
+__all__ = ["Change", "IOClass", "PostingBatch", "PostingStore", "MemoryStore", "open_store"]
+
+
+def open_store(kind: str, path: str, *, record_size: int, cache_bytes: int, create: bool) -> PostingStore:
+    """Open (or create) the store of an index directory."""
+    if kind == "memory":
+        return MemoryStore(record_size)
+    from .rocks import RocksStore  # rocksdict loads a large shared library; only when used
+
+    return RocksStore(path, record_size=record_size, cache_bytes=cache_bytes, create=create)

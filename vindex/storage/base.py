@@ -1,0 +1,85 @@
+"""Types shared by every posting store."""
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+import numpy as np
+
+
+class IOClass(str, enum.Enum):
+    """Service class of a storage request; the I/O scheduler orders queues by it."""
+
+    INTERACTIVE = "interactive"  # searches
+    UPDATE = "update"            # foreground inserts, upserts, deletes
+    BACKGROUND = "background"    # rebalancing, compaction, bulk work
+
+
+@dataclass
+class PostingBatch:
+    """Postings read in one call: records of posting ``i`` are records
+    ``offsets[i]:offsets[i+1]`` of ``data`` (offsets count records, not bytes).
+
+    ``data`` is a uint8 array that may live in a per-thread buffer: it stays valid until the
+    same thread's next read from the same store.
+    """
+
+    data: np.ndarray
+    offsets: np.ndarray  # int64, len(pids) + 1
+
+
+class ReadBuffers(threading.local):
+    """A growable per-thread byte buffer for read results."""
+
+    def __init__(self) -> None:
+        self.buf = np.empty(0, dtype=np.uint8)
+
+    def get(self, size: int) -> np.ndarray:
+        if self.buf.shape[0] < size:
+            self.buf = np.empty(max(size, 2 * self.buf.shape[0], 1 << 16), dtype=np.uint8)
+        return self.buf
+
+
+@dataclass
+class Change:
+    """One atomic store update."""
+
+    appends: dict[int, bytes] = field(default_factory=dict)   # pid -> records to append
+    replaces: dict[int, bytes] = field(default_factory=dict)  # pid -> new full content
+    drops: list[int] = field(default_factory=list)            # postings to delete
+    log: bytes | None = None                                  # operation-log record
+
+
+class PostingStore(Protocol):
+    """What the engine needs from a posting store."""
+
+    record_size: int
+
+    def read(self, pids: np.ndarray, io: IOClass) -> PostingBatch:
+        """Read postings ``pids`` (any order, no duplicates) in one call."""
+
+    def commit(self, change: Change, io: IOClass) -> int:
+        """Apply ``change`` atomically; returns the log sequence number (0 if no log)."""
+
+    def bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray) -> None:
+        """Write fresh postings in bulk (index build); durable on return."""
+
+    def lengths(self) -> np.ndarray:
+        """Records per posting, indexed by pid (0 for absent postings)."""
+
+    def log_since(self, seq: int) -> Iterator[tuple[int, bytes]]:
+        """Log records with sequence number > ``seq``, in order."""
+
+    def truncate_log(self, upto: int) -> None:
+        """Forget log records with sequence number <= ``upto`` (covered by a checkpoint)."""
+
+    def sync(self) -> None:
+        """Make every committed change durable against power loss."""
+
+    def stats(self) -> dict:
+        """Store-specific counters for ``Index.stats()``."""
+
+    def close(self) -> None:
+        """Release resources; committed changes stay durable."""

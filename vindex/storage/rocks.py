@@ -1,0 +1,254 @@
+"""RocksDB posting store (rocksdict), the embedded default.
+
+Layout, one RocksDB directory with column families:
+
+* ``postings``: key ``(pid u32 BE, chunk u32 BE)`` -> records. An append writes one new chunk
+  (rocksdict has no merge operator, and rewriting a whole posting per insert would multiply
+  write traffic); a replace folds a posting back into chunk 0. Readers fetch every chunk of
+  every wanted posting with one multi-get, which releases the GIL.
+* ``pdir``: key pid -> ``(chunks u32, records u32)``, the posting directory, updated in the
+  same WriteBatch as the chunks it describes and loaded into memory at open.
+* ``log``: key seq u64 BE -> operation-log record, written in the same WriteBatch as the
+  posting changes it describes.
+
+Writes go through RocksDB's WAL without a sync (they survive a process crash); ``sync()``
+flushes the WAL with fsync.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from typing import Iterator
+
+import numpy as np
+from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch,
+                       WriteOptions)
+
+from ..errors import CorruptionError, IndexLockedError
+from .base import Change, IOClass, PostingBatch, ReadBuffers
+from .directory import Lengths
+
+_CFS = ("postings", "pdir", "log")
+_PDIR = struct.Struct(">II")
+
+
+def _chunk_keys(pids: np.ndarray, chunks: np.ndarray) -> list[bytes]:
+    """Keys of chunks ``0..chunks[i]-1`` of every ``pids[i]``, in order."""
+    total = int(chunks.sum())
+    keys = np.empty((total, 2), dtype=">u4")
+    keys[:, 0] = np.repeat(pids, chunks)
+    starts = np.repeat(np.cumsum(chunks) - chunks, chunks)
+    keys[:, 1] = np.arange(total) - starts
+    raw = keys.tobytes()
+    return [raw[i:i + 8] for i in range(0, len(raw), 8)]
+
+
+def _key(pid: int, chunk: int) -> bytes:
+    return _PDIR.pack(pid, chunk)
+
+
+def _options(cache: Cache, create: bool) -> tuple[Options, dict[str, Options]]:
+    base = Options(raw_mode=True)
+    base.create_if_missing(create)
+    base.create_missing_column_families(True)
+    base.set_max_background_jobs(2)
+    table = BlockBasedOptions()
+    table.set_block_cache(cache)
+    table.set_block_size(16 * 1024)
+    table.set_bloom_filter(10, False)
+    base.set_block_based_table_factory(table)
+    postings = Options(raw_mode=True)
+    postings.set_block_based_table_factory(table)
+    # float32 vectors barely compress; decompression would sit on the search path
+    postings.set_compression_type(DBCompressionType.none())
+    postings.set_write_buffer_size(128 * 1024 * 1024)
+    small = Options(raw_mode=True)
+    small.set_block_based_table_factory(table)
+    return base, {"postings": postings, "pdir": small, "log": small}
+
+
+class RocksStore:
+    """Posting store on RocksDB."""
+
+    def __init__(self, path: str, *, record_size: int, cache_bytes: int, create: bool):
+        self.record_size = record_size
+        self.path = path
+        self._cache = Cache(max(cache_bytes, 1 << 20))
+        opts, cf_opts = _options(self._cache, create)
+        if not create and not os.path.isdir(path):
+            raise CorruptionError(f"posting store missing: {path}")
+        try:
+            self._db = Rdict(path, opts, column_families=cf_opts)
+        except Exception as exc:  # rocksdict raises plain Exception for open failures
+            if "lock" in str(exc).lower():
+                raise IndexLockedError(
+                    f"index store {path} is already open (in this or another process); close it first") from None
+            raise CorruptionError(f"cannot open posting store {path}: {exc}") from exc
+        self._cf = {name: self._db.get_column_family(name) for name in _CFS}
+        self._handle = {name: self._db.get_column_family_handle(name) for name in _CFS}
+        self._write_lock = threading.Lock()
+        self._chunks = Lengths()
+        self._lengths = Lengths()
+        self._load_directory()
+        self._seq = self._last_seq()
+        self._buffers = ReadBuffers()
+        self.reads = 0
+        self.read_bytes = 0
+
+    # --- open ---------------------------------------------------------------------------------
+    def _load_directory(self) -> None:
+        for key, value in self._cf["pdir"].items():
+            (pid,) = struct.unpack(">I", key)
+            chunks, records = _PDIR.unpack(value)
+            self._chunks.ensure(pid)
+            self._lengths.ensure(pid)
+            self._chunks[pid] = chunks
+            self._lengths[pid] = records
+
+    def _last_seq(self) -> int:
+        for key in self._cf["log"].keys(backwards=True):
+            return struct.unpack(">Q", key)[0]
+        return 0
+
+    # --- reads --------------------------------------------------------------------------------
+    def read(self, pids: np.ndarray, io: IOClass) -> PostingBatch:
+        pids = np.asarray(pids, dtype=np.int64)
+        chunks_arr = self._chunks.array()
+        inside = pids < chunks_arr.shape[0]
+        chunks = np.where(inside, chunks_arr[np.minimum(pids, chunks_arr.shape[0] - 1)], 0)
+        keys = _chunk_keys(pids, chunks)
+        values = self._cf["postings"].get(keys) if keys else []
+        sizes = np.fromiter((0 if v is None else len(v) for v in values), dtype=np.int64, count=len(values))
+        if (sizes % self.record_size).any():
+            raise CorruptionError(f"posting chunk length not a multiple of the record size {self.record_size}")
+        per_key = sizes // self.record_size
+        # chunk counts -> per-posting record counts
+        offsets = np.zeros(len(pids) + 1, dtype=np.int64)
+        if len(per_key):
+            bounds = np.cumsum(chunks)
+            cum = np.concatenate(([0], np.cumsum(per_key)))
+            offsets[1:] = cum[bounds]
+        data = self._gather(values, int(sizes.sum()))
+        self.reads += len(pids)
+        self.read_bytes += len(data)
+        return PostingBatch(data, offsets)
+
+    def _gather(self, values: list, total: int) -> np.ndarray:
+        # Copy into a per-thread buffer that is reused across reads: a fresh multi-megabyte
+        # allocation per batch costs more in page faults than the copy itself.
+        buf = self._buffers.get(total)
+        view = memoryview(buf)
+        pos = 0
+        for v in values:
+            if v is not None:
+                n = len(v)
+                view[pos:pos + n] = v
+                pos += n
+        return buf[:pos]
+
+    # --- writes -------------------------------------------------------------------------------
+    def commit(self, change: Change, io: IOClass) -> int:
+        with self._write_lock:
+            batch = WriteBatch(raw_mode=True)
+            post, pdir = self._handle["postings"], self._handle["pdir"]
+            new_dir: dict[int, tuple[int, int]] = {}
+
+            def current(pid: int) -> tuple[int, int]:
+                if pid in new_dir:
+                    return new_dir[pid]
+                if pid < self._chunks.array().shape[0]:
+                    return int(self._chunks[pid]), int(self._lengths[pid])
+                return 0, 0
+
+            for pid in change.drops:
+                chunks, _ = current(pid)
+                if chunks:
+                    batch.delete_range(_key(pid, 0), _key(pid, chunks), post)
+                batch.delete(struct.pack(">I", pid), pdir)
+                new_dir[pid] = (0, 0)
+            for pid, data in change.replaces.items():
+                chunks, _ = current(pid)
+                batch.put(_key(pid, 0), data, post)
+                if chunks > 1:
+                    batch.delete_range(_key(pid, 1), _key(pid, chunks), post)
+                new_dir[pid] = (1, len(data) // self.record_size)
+            for pid, data in change.appends.items():
+                chunks, records = current(pid)
+                batch.put(_key(pid, chunks), data, post)
+                new_dir[pid] = (chunks + 1, records + len(data) // self.record_size)
+            for pid, (chunks, records) in new_dir.items():
+                if chunks:
+                    batch.put(struct.pack(">I", pid), _PDIR.pack(chunks, records), pdir)
+            seq = 0
+            if change.log is not None:
+                seq = self._seq + 1
+                batch.put(struct.pack(">Q", seq), change.log, self._handle["log"])
+            self._db.write(batch)
+            if seq:
+                self._seq = seq
+            for pid, (chunks, records) in new_dir.items():
+                self._chunks.ensure(pid)
+                self._lengths.ensure(pid)
+                self._chunks[pid] = chunks
+                self._lengths[pid] = records
+            return seq
+
+    def bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray) -> None:
+        opts = WriteOptions()
+        opts.disable_wal = True  # durable by the flush below; a crashed build is discarded
+        post, pdir = self._handle["postings"], self._handle["pdir"]
+        batch, size = WriteBatch(raw_mode=True), 0
+        for i, pid in enumerate(np.asarray(pids).tolist()):
+            lo, hi = int(offsets[i]), int(offsets[i + 1])
+            data = records[lo:hi].tobytes()
+            batch.put(_key(pid, 0), data, post)
+            batch.put(struct.pack(">I", pid), _PDIR.pack(1, hi - lo), pdir)
+            self._chunks.ensure(pid)
+            self._lengths.ensure(pid)
+            self._chunks[pid] = 1
+            self._lengths[pid] = hi - lo
+            size += len(data)
+            if size >= 64 << 20:
+                self._db.write(batch, opts)
+                batch, size = WriteBatch(raw_mode=True), 0
+        if len(batch):
+            self._db.write(batch, opts)
+        self._db.flush()
+        self._cf["postings"].flush()
+        self._cf["pdir"].flush()
+
+    def lengths(self) -> np.ndarray:
+        return self._lengths.array()
+
+    # --- log ----------------------------------------------------------------------------------
+    def log_since(self, seq: int) -> Iterator[tuple[int, bytes]]:
+        for key, value in self._cf["log"].items(from_key=struct.pack(">Q", seq + 1)):
+            yield struct.unpack(">Q", key)[0], value
+
+    def truncate_log(self, upto: int) -> None:
+        batch = WriteBatch(raw_mode=True)
+        batch.delete_range(struct.pack(">Q", 0), struct.pack(">Q", upto + 1), self._handle["log"])
+        self._db.write(batch)
+
+    def sync(self) -> None:
+        self._db.flush_wal(True)
+
+    def stats(self) -> dict:
+        return {
+            "kind": "rocksdb",
+            "reads": self.reads,
+            "read_bytes": self.read_bytes,
+            "block_cache_usage": self._cache.get_usage(),
+            "sst_bytes": int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0),
+        }
+
+    def close(self) -> None:
+        self._db.flush_wal(True)
+        # Column-family handles keep the database alive; drop them before closing it so the
+        # LOCK file is released and the index can be reopened in this process.
+        for cf in self._cf.values():
+            cf.close()
+        self._cf.clear()
+        self._handle.clear()
+        self._db.close()
