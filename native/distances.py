@@ -12,7 +12,12 @@ import numpy as np
 L2 = 0
 IP = 1
 
-_opts = dict(cache=True, nogil=True, fastmath=True)
+#: LLVM fast-math flags that let sums vectorise (reassociation) while keeping inf/NaN
+#: semantics: the kernels use +inf as a sentinel, which ``fastmath=True`` ("ninf") would
+#: let the optimiser assume away.
+FASTMATH = {"reassoc", "contract", "arcp", "nsz", "afn"}
+
+_opts = dict(cache=True, nogil=True, fastmath=FASTMATH)
 
 
 @nb.njit(inline="always", **_opts)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .distances import L2, distance, l2sq, reference, within_eps
+from .distances import FASTMATH, L2, distance, l2sq, reference, within_eps
 
-_q = dict(cache=True, nogil=True, fastmath=True)
+_q = dict(cache=True, nogil=True, fastmath=FASTMATH)
 
 
 @nb.njit(inline="always", **_q)

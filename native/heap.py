@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .distances import reference, within_eps
+from .distances import FASTMATH, reference, within_eps
 
 _opts = dict(cache=True, nogil=True)
 
@@ -95,7 +95,7 @@ def sort_inplace(dists, ids, size):
         ids[b + 1] = i
 
 
-@nb.njit(cache=True, nogil=True, fastmath=True)
+@nb.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def select_rows(dist, alive, m, eps, out_ids, out_d):
     """Per row of ``dist (nq, H)``: the ``m`` smallest columns among ``alive`` ones, ascending,
     pruned by ``d <= ref + eps*|ref|`` (see ``distances.within_eps``). Writes ``out_ids (nq, m)``

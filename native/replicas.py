@@ -11,10 +11,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .distances import l2sq, reference, within_eps
+from .distances import FASTMATH, l2sq, reference, within_eps
 
 
-@nb.njit(inline="always", cache=True, nogil=True, fastmath=True)
+@nb.njit(inline="always", cache=True, nogil=True, fastmath=FASTMATH)
 def _select_row(cand, cand_d, heads, eps, rng_factor, out, out_d):
     n = 0
     if cand.shape[0] == 0 or cand[0] < 0:
@@ -47,7 +47,7 @@ def _select_row(cand, cand_d, heads, eps, rng_factor, out, out_d):
     return n
 
 
-@nb.njit(cache=True, nogil=True, fastmath=True)
+@nb.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def select(cand, cand_d, heads, eps, rng_factor, out, out_d):
     """Rows of ``cand (n, C) int32`` / ``cand_d`` -> chosen heads ``out (n, max_replicas)`` and
     their distances ``out_d``; returns counts."""
@@ -57,7 +57,7 @@ def select(cand, cand_d, heads, eps, rng_factor, out, out_d):
     return counts
 
 
-@nb.njit(cache=True, nogil=True, fastmath=True, parallel=True)
+@nb.njit(cache=True, nogil=True, fastmath=FASTMATH, parallel=True)
 def select_parallel(cand, cand_d, heads, eps, rng_factor, out, out_d):
     """``select`` over all cores, for bulk builds."""
     counts = np.empty(cand.shape[0], dtype=np.int32)

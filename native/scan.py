@@ -16,9 +16,9 @@ import numba as nb
 import numpy as np
 
 from . import heap
-from .distances import L2
+from .distances import FASTMATH, L2
 
-_q = dict(cache=True, nogil=True, fastmath=True)
+_q = dict(cache=True, nogil=True, fastmath=FASTMATH)
 
 RECORD_HEADER_WORDS = 2
 

@@ -32,7 +32,8 @@ def vectors(x: Any, dim: int, *, what: str = "vectors", allow_1d: bool = True) -
         raise DimensionError(f"{what}: expected a 2-D (n, {dim}) array, got shape {arr.shape}")
     if arr.shape[1] != dim:
         raise DimensionError(f"{what}: expected dimension {dim}, got {arr.shape[1]} (shape {arr.shape})")
-    out = np.ascontiguousarray(arr, dtype=np.float32)
+    with np.errstate(over="ignore"):  # overflow becomes inf, reported just below
+        out = np.ascontiguousarray(arr, dtype=np.float32)
     if out.size and not np.isfinite(out).all():
         # float64 inputs may overflow float32; report rows either way
         bad_rows = np.flatnonzero(~np.isfinite(out).all(axis=1))

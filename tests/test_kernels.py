@@ -1,0 +1,231 @@
+"""native kernels against numpy / pure-Python oracles."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from native import distances, graph, heap, idhash, replicas, scan
+
+
+def test_pairwise_matches_numpy():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((7, 33)).astype(np.float32)
+    b = rng.standard_normal((11, 33)).astype(np.float32)
+    l2 = distances.pairwise(distances.L2, a, b)
+    ip = distances.pairwise(distances.IP, a, b)
+    np.testing.assert_allclose(l2, ((a[:, None] - b[None]) ** 2).sum(-1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(ip, -(a @ b.T), rtol=1e-5, atol=1e-4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 20), min_size=0, max_size=200), st.integers(1, 12))
+def test_select_rows_is_topk_with_id_ties(values, m):
+    # small integer distances force many ties: order must be (distance, column)
+    d = np.asarray(values, dtype=np.float32).reshape(1, -1) if values else np.zeros((1, 0), np.float32)
+    alive = np.ones(d.shape[1], dtype=np.bool_)
+    if d.shape[1]:
+        alive[::5] = False
+    ids = np.empty((1, m), np.int32)
+    out = np.empty((1, m), np.float32)
+    count = heap.select_rows(d, alive, m, np.inf, ids, out)[0]
+    cols = [j for j in range(d.shape[1]) if alive[j]]
+    expect = sorted(cols, key=lambda j: (d[0, j], j))[:m]
+    assert count == len(expect)
+    assert ids[0, :count].tolist() == expect
+    assert (ids[0, count:] == -1).all() and np.isinf(out[0, count:]).all()
+
+
+def test_select_rows_prunes_relative_to_nearest():
+    d = np.array([[0.0, 1.0, 1.5, 2.1, 4.0]], dtype=np.float32)
+    ids = np.empty((1, 5), np.int32)
+    out = np.empty((1, 5), np.float32)
+    # nearest is 0, so the reference is the first non-zero distance (1.0): keep d <= 2.0
+    count = heap.select_rows(d, np.ones(5, np.bool_), 5, 1.0, ids, out)[0]
+    assert ids[0, :count].tolist() == [0, 1, 2]
+
+
+def _random_graph(n=600, d=16, degree=12, seed=0):
+    rng = np.random.default_rng(seed)
+    heads = rng.standard_normal((n, d)).astype(np.float32)
+    nbrs = np.full((n, degree), -1, np.int32)
+    visited = np.zeros(n, np.uint32)
+    ef = 48
+    bd, bi, bx = np.empty(ef, np.float32), np.empty(ef, np.int32), np.empty(ef, np.bool_)
+    entries = graph.build(rng.permutation(n).astype(np.int32), heads, nbrs, 16, 1.2 ** 2,
+                          visited, bd, bi, bx)
+    return heads, nbrs, entries
+
+
+def _search(heads, nbrs, entries, q, m, ef=64, stamp=1):
+    visited = np.zeros(heads.shape[0], np.uint32)
+    bd, bi, bx = np.empty(ef, np.float32), np.empty(ef, np.int32), np.empty(ef, np.bool_)
+    ids = np.empty((q.shape[0], m), np.int32)
+    out = np.empty((q.shape[0], m), np.float32)
+    counts = graph.search_batch(q, heads, nbrs, entries, distances.L2, m, np.inf, visited, stamp,
+                                bd, bi, bx, ids, out)
+    return ids, out, counts
+
+
+def test_graph_search_finds_nearest_heads():
+    heads, nbrs, entries = _random_graph()
+    q = np.random.default_rng(5).standard_normal((50, heads.shape[1])).astype(np.float32)
+    ids, out, counts = _search(heads, nbrs, entries, q, 10)
+    exact = np.argsort(((q[:, None] - heads[None]) ** 2).sum(-1), axis=1)[:, :10]
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)])
+    assert recall >= 0.95  # measured 1.00 on this seed
+    assert (counts == 10).all()
+    assert (np.diff(out, axis=1) >= 0).all()  # ascending
+
+
+def test_graph_edges_are_valid_and_bounded():
+    heads, nbrs, _ = _random_graph()
+    n = heads.shape[0]
+    for j in range(n):
+        row = nbrs[j][nbrs[j] >= 0]
+        assert len(set(row.tolist())) == row.size, "no duplicate edges"
+        assert j not in row, "no self loops"
+        assert (row < n).all()
+    assert (nbrs[:, 0] >= 0).all(), "every node has an out-edge"
+
+
+def test_graph_remove_node_unlinks_and_keeps_search_working():
+    heads, nbrs, entries = _random_graph()
+    removed = [int(x) for x in np.random.default_rng(3).choice(heads.shape[0], 60, replace=False)]
+    for p in removed:
+        graph.remove_node(p, heads, nbrs, 1.2 ** 2)
+    assert not np.isin(nbrs, removed).any()
+    assert (nbrs[removed] == -1).all()
+    keep_entries = np.array([e for e in entries if e not in removed], np.int32)
+    q = np.random.default_rng(6).standard_normal((50, heads.shape[1])).astype(np.float32)
+    ids, _, _ = _search(heads, nbrs, keep_entries, q, 10)
+    assert not np.isin(ids, removed).any()
+    alive = np.setdiff1d(np.arange(heads.shape[0]), removed)
+    d = ((q[:, None] - heads[None, alive]) ** 2).sum(-1)
+    exact = alive[np.argsort(d, axis=1)[:, :10]]
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)])
+    assert recall >= 0.9  # measured 1.00 on this seed
+
+
+def test_graph_insert_node_is_reachable():
+    heads, nbrs, entries = _random_graph()
+    rng = np.random.default_rng(9)
+    extra = rng.standard_normal((1, heads.shape[1])).astype(np.float32)
+    heads = np.vstack([heads, extra])
+    nbrs = np.vstack([nbrs, np.full((1, nbrs.shape[1]), -1, np.int32)])
+    p = heads.shape[0] - 1
+    ef = 48
+    graph.insert_node(p, heads, nbrs, entries, 1.2 ** 2, np.zeros(p + 1, np.uint32), 1,
+                      np.empty(ef, np.float32), np.empty(ef, np.int32), np.empty(ef, np.bool_))
+    assert (nbrs[p] >= 0).sum() > 0
+    assert (nbrs == p).any(), "some node links back to the new head"
+    ids, _, _ = _search(heads, nbrs, entries, extra, 1)
+    assert ids[0, 0] == p
+
+
+def _rng_rule_python(cand, cand_d, heads, eps, factor, max_r):
+    best = next((d for d in cand_d if d != 0), cand_d[0])
+    out = []
+    for c, d in zip(cand, cand_d):
+        if c < 0 or d > best + eps * abs(best):
+            break
+        if all(factor * ((heads[c] - heads[a]) ** 2).sum() > d for a in out):
+            out.append(int(c))
+            if len(out) == max_r:
+                break
+    return out
+
+
+@pytest.mark.parametrize("eps,factor", [(0.5, 1.0), (10.0, 1.0), (np.inf, 2.0)])
+def test_replica_selection_follows_rng_rule(eps, factor):
+    rng = np.random.default_rng(2)
+    heads = rng.standard_normal((200, 8)).astype(np.float32)
+    x = rng.standard_normal((30, 8)).astype(np.float32)
+    d = ((x[:, None] - heads[None]) ** 2).sum(-1).astype(np.float32)
+    cand = np.argsort(d, axis=1)[:, :32].astype(np.int32)
+    cand_d = np.take_along_axis(d, cand, axis=1)
+    out = np.empty((30, 8), np.int32)
+    out_d = np.empty((30, 8), np.float32)
+    counts = replicas.select(cand, cand_d, heads, eps, factor, out, out_d)
+    for i in range(30):
+        expect = _rng_rule_python(cand[i], cand_d[i], heads, eps, factor, 8)
+        assert out[i, :counts[i]].tolist() == expect
+        assert out[i, 0] == cand[i, 0], "the nearest head is always a replica"
+        np.testing.assert_array_equal(out_d[i, :counts[i]], d[i, expect])
+
+
+def test_group_by_posting_inverts_query_lists():
+    rng = np.random.default_rng(4)
+    sel = np.full((20, 6), -1, np.int32)
+    counts = rng.integers(0, 7, 20).astype(np.int32)
+    for i in range(20):
+        sel[i, :counts[i]] = rng.choice(50, counts[i], replace=False)
+    slot = np.full(50, -1, np.int32)
+    pids, q_ptr, q_idx = scan.group_by_posting(sel, counts, slot)
+    assert (slot == -1).all(), "scratch restored"
+    assert (np.diff(pids) > 0).all()
+    for p, pid in enumerate(pids):
+        want = sorted(i for i in range(20) if pid in sel[i, :counts[i]])
+        assert sorted(q_idx[q_ptr[p]:q_ptr[p + 1]].tolist()) == want
+
+
+def test_scan_filters_versions_and_dedupes_replicas():
+    rng = np.random.default_rng(7)
+    dim, n_vids = 6, 40
+    vecs = rng.integers(0, 5, (n_vids, dim)).astype(np.float32)  # integer data: many exact ties
+    versions = rng.integers(0, 3, n_vids).astype(np.uint8)
+    versions[::7] |= 0x80  # deleted
+    vid2ext = rng.permutation(1000)[:n_vids].astype(np.int64)
+    # 5 postings, each vid in 1-3 of them, some copies with a stale version
+    rows, vers = [], []
+    postings = [[] for _ in range(5)]
+    for v in range(n_vids):
+        for p in rng.choice(5, rng.integers(1, 4), replace=False):
+            postings[p].append((v, versions[v] & 0x7F))
+        postings[rng.integers(0, 5)].append((v, (int(versions[v]) + 1) & 0x7F))  # stale copy
+    offsets = np.zeros(6, np.int64)
+    for p in range(5):
+        for v, ver in postings[p]:
+            rows.append(v)
+            vers.append(ver)
+        offsets[p + 1] = len(rows)
+    recs = np.zeros((len(rows), dim + 2), np.float32)
+    recs.view(np.uint32)[:, 0] = rows
+    recs.view(np.uint32)[:, 1] = vers
+    recs[:, 2:] = vecs[rows]
+    data = np.frombuffer(bytearray(recs.tobytes()), np.uint8)
+    recs_f = np.frombuffer(data, np.float32).reshape(-1, dim + 2)
+    recs_u = recs_f.view(np.uint32)
+    live = scan.live_mask(recs_u, versions)
+    queries = rng.integers(0, 5, (3, dim)).astype(np.float32)
+    q_ptr = np.arange(0, 16, 3, dtype=np.int64)  # every posting wanted by all 3 queries
+    q_idx = np.tile(np.arange(3, dtype=np.int32), 5)
+    k = 8
+    hd = np.empty((3, k), np.float32)
+    hi = np.empty((3, k), np.int64)
+    sizes = np.zeros(3, np.int32)
+    scan.scan_grouped(recs_f, recs_u, live, offsets, q_ptr, q_idx, queries, vid2ext, distances.L2, hd, hi, sizes)
+    scan.finish(hd, hi, sizes)
+    alive = [v for v in range(n_vids) if not versions[v] & 0x80]
+    for qi in range(3):
+        d = ((vecs[alive] - queries[qi]) ** 2).sum(1)
+        expect = sorted(zip(d.tolist(), vid2ext[alive].tolist()))[:k]
+        assert hi[qi].tolist() == [e for _, e in expect]
+        assert hd[qi].tolist() == [dd for dd, _ in expect]
+
+
+def test_idhash_lookup_insert_rebuild():
+    rng = np.random.default_rng(8)
+    exts = rng.choice(10**12, 3000, replace=False).astype(np.int64)
+    vid2ext = np.full(4096, -1, np.int64)
+    vid2ext[:3000] = exts
+    table = np.full(8192, -1, np.int32)
+    idhash.insert(table, vid2ext, np.arange(2000, dtype=np.int64))
+    got = idhash.lookup(table, vid2ext, exts)
+    assert got[:2000].tolist() == list(range(2000))
+    assert (got[2000:] == -1).all()
+    table2 = np.full(8192, -1, np.int32)
+    idhash.rebuild(table2, vid2ext, 3000)
+    assert idhash.lookup(table2, vid2ext, exts).tolist() == list(range(3000))
+    assert (idhash.lookup(table2, vid2ext, np.array([10**12 + 5], np.int64)) == -1).all()
