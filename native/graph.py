@@ -17,6 +17,7 @@ import numba as nb
 import numpy as np
 
 from .distances import FASTMATH, L2, distance, l2sq, reference, within_eps
+from .prefetch import prefetch_row
 
 _q = dict(cache=True, nogil=True, fastmath=FASTMATH)
 
@@ -63,13 +64,15 @@ def beam_search(q, heads, nbrs, entries, metric, visited, stamp, bd, bi, bx):
         size, _ = _beam_insert(bd, bi, bx, size, distance(metric, q, heads[e]), e)
     cur = 0
     degree = nbrs.shape[1]
+    fresh = np.empty(degree, dtype=np.int32)
     while cur < size:
         if bx[cur]:
             cur += 1
             continue
         bx[cur] = True
         node = bi[cur]
-        nxt = cur + 1
+        # collect unvisited neighbours and prefetch their rows before any distance work
+        n_fresh = 0
         for j in range(degree):
             nb_ = nbrs[node, j]
             if nb_ < 0:
@@ -77,6 +80,12 @@ def beam_search(q, heads, nbrs, entries, metric, visited, stamp, bd, bi, bx):
             if visited[nb_] == stamp:
                 continue
             visited[nb_] = stamp
+            prefetch_row(heads, nb_)
+            fresh[n_fresh] = nb_
+            n_fresh += 1
+        nxt = cur + 1
+        for j in range(n_fresh):
+            nb_ = fresh[j]
             size, pos = _beam_insert(bd, bi, bx, size, distance(metric, q, heads[nb_]), nb_)
             if pos < nxt:
                 nxt = pos

@@ -224,7 +224,8 @@ def test_synthetic_is_neither_trivial_nor_hopeless():
     _, dists = ground_truth(base, q, 10, "l2")
     far = ((q[:50, None, :] - base[None, :500, :]) ** 2).sum(-1).mean()
     contrast = np.sqrt(far / dists[:, 0].mean())  # mean / nearest distance
-    assert 1.5 < contrast < 4.0, contrast  # SIFT 9k: ~2.0; iid Gaussian: ~1.3; blobs: > 5
+    # measured 1.98 here; SIFT 9k: 2.02; iid Gaussian: 1.24; generator at comp_scale=0.45: 6.2
+    assert 1.5 < contrast < 4.0, contrast
 
 
 # --- a peer and the measurement helpers -------------------------------------------------------

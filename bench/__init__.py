@@ -1,0 +1,1 @@
+"""Benchmark support for vindex: datasets, synthetic data, peer indexes and measurement helpers."""

@@ -1,0 +1,369 @@
+"""Benchmark data sets: loading by name, vector-file readers, exact ground truth and recall.
+
+Every data set is returned as a :class:`Dataset` with float32 C-contiguous vectors and
+int64 ground-truth row numbers (best first), whatever its storage format. Distances follow
+one convention everywhere in ``bench``: *smaller is better* (squared L2 for "l2",
+``1 - cos`` for "cosine", ``-<q, x>`` for "ip").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "DATA_DIR",
+    "METRICS",
+    "Dataset",
+    "available",
+    "ground_truth",
+    "load",
+    "parse_count",
+    "read_bin",
+    "read_bvecs",
+    "read_fvecs",
+    "read_hdf5",
+    "read_ivecs",
+    "read_npy",
+    "read_vectors",
+    "recall_at_k",
+]
+
+METRICS = ("l2", "cosine", "ip")
+
+# bench/ lives at <repo>/bench, so the shipped data is one level up.
+DATA_DIR = Path(os.environ.get("VINDEX_DATA_DIR") or Path(__file__).resolve().parent.parent / "data")
+
+
+@dataclass
+class Dataset:
+    """A base set, its queries and exact top-K ground truth for one metric."""
+
+    name: str
+    base: np.ndarray  # (n, d) float32, C-contiguous
+    queries: np.ndarray  # (nq, d) float32, C-contiguous
+    gt_ids: np.ndarray  # (nq, K) int64 row numbers into base, best first
+    metric: str  # "l2" | "cosine" | "ip"
+    # Distances matching gt_ids in the bench convention (ascending); None if unknown.
+    gt_dists: np.ndarray | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.base.shape[0])
+
+    @property
+    def d(self) -> int:
+        return int(self.base.shape[1])
+
+    def __repr__(self) -> str:  # arrays are too large for the default repr
+        return (
+            f"Dataset({self.name!r}, base={self.base.shape}, queries={self.queries.shape}, "
+            f"gt={self.gt_ids.shape}, metric={self.metric!r})"
+        )
+
+
+# name -> (file, loader kind). The real sets are small enough to load eagerly.
+_FILES = {
+    "bigann-10k": "bigann-10k-u8-l2.npz",
+    "bigann-10k-holdout": "bigann-10k-u8-l2.npz",
+    "fmnist-1k": "fmnist-1k-u8-l2.npz",
+    "mnist-9k": "mnist-t10k-u8-l2.npz",
+    "glove-100k": "glove-6b-50d-100k-angular.npz",
+    "wiki-minilm-15k": "wiki-minilm-15k-cos.npz",
+}
+_SYNTHETIC_RE = re.compile(r"^synthetic-([0-9.]+[kmg]?)(?:-d([0-9]+))?$", re.IGNORECASE)
+_SYNTHETIC_PATTERN = "synthetic-<n>[-d<dim>] (n like 10k, 100k, 1m; d defaults to 128)"
+_SYNTHETIC_EXAMPLES = ["synthetic-10k", "synthetic-100k", "synthetic-1m"]
+
+
+def available() -> list[str]:
+    """Names accepted by :func:`load`: real sets whose file is present, then example synthetic
+    sizes (any ``synthetic-<n>[-d<dim>]`` works)."""
+    real = [name for name, fname in _FILES.items() if (DATA_DIR / fname).exists()]
+    return real + list(_SYNTHETIC_EXAMPLES)
+
+
+def parse_count(text: str) -> int:
+    """Parse a row count such as ``"10k"``, ``"1m"``, ``"2.5M"`` or ``"250000"``."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmg]?)", text.strip().lower())
+    if not m:
+        raise ValueError(f"bad count {text!r}; expected e.g. 10k, 100k, 1m or 250000")
+    value = float(m.group(1)) * {"": 1, "k": 1_000, "m": 1_000_000, "g": 1_000_000_000}[m.group(2)]
+    if value != int(value) or value <= 0:
+        raise ValueError(f"count {text!r} is not a positive whole number of rows")
+    return int(value)
+
+
+def _metric_from_npz(text: str) -> str:
+    # The npz 'metric' is free text such as "l2 (squared)" or "angular (cosine; ...)".
+    t = text.strip().lower()
+    if t.startswith("l2"):
+        return "l2"
+    if t.startswith(("cos", "angular")):
+        return "cosine"
+    if t.startswith(("ip", "inner", "dot")):
+        return "ip"
+    raise ValueError(f"unrecognised metric text {text!r}")
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _npz_gt_dists(dists: np.ndarray, metric: str) -> np.ndarray:
+    # The shipped files store similarities (descending) for cosine sets; convert to distances.
+    dists = np.asarray(dists, dtype=np.float32)
+    if metric == "cosine":
+        return (1.0 - dists).astype(np.float32)
+    if metric == "ip":
+        return -dists
+    return dists
+
+
+def load(name: str) -> Dataset:
+    """Load a data set by name; see :func:`available` for the names.
+
+    Real sets come from ``DATA_DIR`` (env ``VINDEX_DATA_DIR`` overrides). Synthetic sets
+    ``synthetic-<n>[-d<dim>]`` are generated once by :mod:`bench.synthetic` and cached.
+    """
+    key = name.strip().lower()
+    m = _SYNTHETIC_RE.match(key)
+    if m:
+        from bench import synthetic  # lazy: synthetic imports this module
+
+        n = parse_count(m.group(1))
+        d = int(m.group(2)) if m.group(2) else 128
+        base, queries, gt = synthetic.load_cached(n, d, seed=0)
+        return Dataset(
+            name=key,
+            base=base,
+            queries=queries,
+            gt_ids=np.asarray(gt, dtype=np.int64),
+            metric="l2",
+        )
+    if key not in _FILES:
+        valid = ", ".join(list(_FILES) + [_SYNTHETIC_PATTERN])
+        raise ValueError(f"unknown data set {name!r}; valid names: {valid}")
+
+    path = DATA_DIR / _FILES[key]
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found (set VINDEX_DATA_DIR to the folder holding {_FILES[key]})")
+    with np.load(path, allow_pickle=False) as z:
+        metric = _metric_from_npz(str(z["metric"]))
+        if key == "bigann-10k-holdout":
+            # base[holdout_n:] serve as queries against base[:holdout_n].
+            split = int(z["holdout_base_n"])
+            base, queries = z["base"][:split], z["base"][split:]
+            gt_ids, gt_dists = z["holdout_gt_ids"], z["holdout_gt_dists"]
+        else:
+            base, queries = z["base"], z["queries"]
+            gt_ids, gt_dists = z["gt_ids"], z["gt_dists"]
+        return Dataset(
+            name=key,
+            base=_f32(base),
+            queries=_f32(queries),
+            gt_ids=np.ascontiguousarray(gt_ids, dtype=np.int64),
+            metric=metric,
+            gt_dists=_npz_gt_dists(gt_dists, metric),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers. Each takes an optional max_rows so a prefix of a huge file can be read cheaply.
+
+
+def _xvecs(path: str | os.PathLike, elem: np.dtype, max_rows: int | None) -> np.ndarray:
+    # texmex layout: every row is an int32 dimension followed by d elements.
+    elem = np.dtype(elem)
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if len(head) < 4:
+        return np.empty((0, 0), dtype=elem)
+    d = int(np.frombuffer(head, dtype="<i4")[0])
+    if d <= 0:
+        raise ValueError(f"{path}: bad dimension {d} in first record")
+    row_bytes = 4 + d * elem.itemsize
+    size = os.path.getsize(path)
+    if size % row_bytes:
+        raise ValueError(f"{path}: size {size} is not a multiple of the {row_bytes}-byte record")
+    n = size // row_bytes
+    if max_rows is not None:
+        n = min(n, int(max_rows))
+    raw = np.fromfile(path, dtype=np.uint8, count=n * row_bytes).reshape(n, row_bytes)
+    dims = raw[:, :4].copy().view("<i4").ravel()
+    if np.any(dims != d):
+        raise ValueError(f"{path}: records have differing dimensions")
+    return np.ascontiguousarray(raw[:, 4:]).view(elem.newbyteorder("<")).astype(elem, copy=False)
+
+
+def read_fvecs(path: str | os.PathLike, max_rows: int | None = None) -> np.ndarray:
+    """Read a texmex ``.fvecs`` file as (n, d) float32."""
+    return _xvecs(path, np.float32, max_rows)
+
+
+def read_ivecs(path: str | os.PathLike, max_rows: int | None = None) -> np.ndarray:
+    """Read a texmex ``.ivecs`` file (e.g. ground truth) as (n, d) int32."""
+    return _xvecs(path, np.int32, max_rows)
+
+
+def read_bvecs(path: str | os.PathLike, max_rows: int | None = None) -> np.ndarray:
+    """Read a texmex ``.bvecs`` file as (n, d) uint8."""
+    return _xvecs(path, np.uint8, max_rows)
+
+
+_BIN_DTYPES = {".fbin": np.float32, ".u8bin": np.uint8, ".i8bin": np.int8, ".ibin": np.int32}
+
+
+def read_bin(path: str | os.PathLike, max_rows: int | None = None, dtype: np.dtype | None = None) -> np.ndarray:
+    """Read a big-ann-benchmarks binary file: int32 n, int32 d, then n*d elements row-major.
+
+    The element type comes from the suffix (.fbin float32, .u8bin uint8, .i8bin int8,
+    .ibin int32) unless ``dtype`` is given.
+    """
+    if dtype is None:
+        suffix = Path(path).suffix.lower()
+        if suffix not in _BIN_DTYPES:
+            raise ValueError(f"{path}: unknown binary suffix {suffix!r}; pass dtype=")
+        dtype = _BIN_DTYPES[suffix]
+    dtype = np.dtype(dtype).newbyteorder("<")
+    header = np.fromfile(path, dtype="<i4", count=2)
+    if header.size < 2:
+        raise ValueError(f"{path}: missing 8-byte header")
+    n, d = int(header[0]), int(header[1])
+    expected = 8 + n * d * dtype.itemsize
+    if os.path.getsize(path) < expected:
+        raise ValueError(f"{path}: header says {n}x{d} but the file is too short")
+    if max_rows is not None:
+        n = min(n, int(max_rows))
+    data = np.fromfile(path, dtype=dtype, count=n * d, offset=8)
+    return data.reshape(n, d).astype(dtype.newbyteorder("="), copy=False)
+
+
+def read_npy(path: str | os.PathLike, max_rows: int | None = None) -> np.ndarray:
+    """Read a 2-D ``.npy`` array; with ``max_rows`` only that prefix is read (via mmap)."""
+    arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    if arr.ndim != 2:
+        raise ValueError(f"{path}: expected a 2-D array, got shape {arr.shape}")
+    if max_rows is not None:
+        arr = arr[: int(max_rows)]
+    return np.ascontiguousarray(arr)  # copies out of the mmap
+
+
+def read_hdf5(path: str | os.PathLike, max_rows: int | None = None, key: str = "train") -> np.ndarray:
+    """Read one array of an ann-benchmarks HDF5 file (keys train / test / neighbors / distances)."""
+    try:
+        import h5py  # optional: only needed for ann-benchmarks files
+    except ImportError as e:
+        raise ImportError(
+            "reading .hdf5 files needs h5py, which is not installed; `pip install h5py`"
+        ) from e
+    with h5py.File(path, "r") as f:
+        if key not in f:
+            raise KeyError(f"{path}: no dataset {key!r}; has {sorted(f.keys())}")
+        ds = f[key]
+        return np.ascontiguousarray(ds[:] if max_rows is None else ds[: int(max_rows)])
+
+
+def read_vectors(path: str | os.PathLike, max_rows: int | None = None) -> np.ndarray:
+    """Read vectors from any supported file, choosing the reader by suffix.
+
+    .fvecs/.ivecs/.bvecs (texmex), .fbin/.u8bin/.i8bin/.ibin (big-ann-benchmarks), .npy,
+    .hdf5/.h5 (ann-benchmarks; the "train" array).
+    """
+    suffix = Path(path).suffix.lower()
+    readers = {
+        ".fvecs": read_fvecs,
+        ".ivecs": read_ivecs,
+        ".bvecs": read_bvecs,
+        ".npy": read_npy,
+        ".hdf5": read_hdf5,
+        ".h5": read_hdf5,
+    }
+    if suffix in _BIN_DTYPES:
+        return read_bin(path, max_rows)
+    if suffix not in readers:
+        raise ValueError(f"{path}: unsupported suffix {suffix!r}")
+    return readers[suffix](path, max_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact search and recall.
+
+
+def _normalized(x: np.ndarray) -> np.ndarray:
+    x = np.array(x, dtype=np.float32, order="C", copy=True)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    np.divide(x, norms, out=x, where=norms > 0)  # zero vectors stay zero
+    return x
+
+
+def ground_truth(
+    base: np.ndarray,
+    queries: np.ndarray,
+    k: int,
+    metric: str,
+    block: int = 4096,
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k by brute force with faiss: returns (ids int64, dists float32), ascending.
+
+    Distances: squared L2 for "l2", ``1 - cos`` for "cosine" (vectors normalised first),
+    ``-<q, x>`` for "ip". Queries are processed in blocks to bound result memory and to
+    report progress; faiss uses its current OpenMP thread count.
+    """
+    import faiss
+
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if metric == "cosine":
+        base, queries = _normalized(base), _normalized(queries)
+    else:
+        base, queries = _f32(base), _f32(queries)
+    d = base.shape[1]
+    index = faiss.IndexFlatL2(d) if metric == "l2" else faiss.IndexFlatIP(d)
+    index.add(base)
+    nq = queries.shape[0]
+    ids = np.empty((nq, k), dtype=np.int64)
+    dists = np.empty((nq, k), dtype=np.float32)
+    t0 = time.perf_counter()
+    for start in range(0, nq, block):
+        stop = min(nq, start + block)
+        dd, ii = index.search(queries[start:stop], k)
+        ids[start:stop], dists[start:stop] = ii, dd
+        if progress:
+            print(f"  ground truth {stop}/{nq} queries, {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    if metric == "cosine":
+        dists = (1.0 - dists).astype(np.float32)
+    elif metric == "ip":
+        dists = -dists
+    return ids, dists
+
+
+def recall_at_k(found_ids: np.ndarray, gt_ids: np.ndarray, k: int = 10) -> float:
+    """Mean over queries of ``|found[:, :k] ∩ gt[:, :k]| / k``; -1 and repeated ids in found count once/never."""
+    found = np.asarray(found_ids)[:, :k].astype(np.int64)
+    gt = np.asarray(gt_ids)[:, :k].astype(np.int64)
+    if found.shape[0] != gt.shape[0]:
+        raise ValueError(f"found has {found.shape[0]} queries, gt has {gt.shape[0]}")
+    if gt.shape[1] < k:
+        raise ValueError(f"gt has only {gt.shape[1]} neighbours per query, need k={k}")
+    if found.shape[0] == 0:
+        return 0.0
+    # Drop duplicate ids within a row so a repeated hit is not counted twice.
+    found = np.sort(found, axis=1)
+    dup = np.zeros_like(found, dtype=bool)
+    dup[:, 1:] = found[:, 1:] == found[:, :-1]
+    found[dup] = -1
+    hits = 0
+    step = max(1, (1 << 22) // (k * k))  # bound the (rows, k, k) comparison tensor
+    for s in range(0, found.shape[0], step):
+        f, g = found[s : s + step], gt[s : s + step]
+        match = (f[:, :, None] == g[:, None, :]).any(axis=2) & (f >= 0)
+        hits += int(match.sum())
+    return hits / (found.shape[0] * k)
