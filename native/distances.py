@@ -9,8 +9,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-L2 = 0
-IP = 1
+from .metrics import IP, L2  # noqa: F401  (re-exported)
 
 #: LLVM fast-math flags that let sums vectorise (reassociation) while keeping inf/NaN
 #: semantics: the kernels use +inf as a sentinel, which ``fastmath=True`` ("ninf") would

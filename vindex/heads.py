@@ -9,13 +9,15 @@ import threading
 
 import numpy as np
 
-from native import distances, graph, heap
+import native
 
 #: Up to this many heads, a search scores every head with one BLAS product instead of walking
 #: the graph: cheaper below a few thousand heads, and exact.
 EXACT_MAX_HEADS = 4096
 #: Queries per BLAS block in exact head search (bounds the distance matrix).
 EXACT_BLOCK = 1024
+#: Up to this many queries, exact head search runs in a numba kernel instead of BLAS.
+EXACT_KERNEL_MAX_QUERIES = 8
 
 
 class _Scratch(threading.local):
@@ -68,6 +70,7 @@ class HeadGraph:
         self.entries = np.zeros(0, dtype=np.int32)
         self.n = 0  # high-water mark of pids
         self.n_alive = 0
+        self._norms: tuple | None = None
 
     @property
     def capacity(self) -> int:
@@ -90,7 +93,7 @@ class HeadGraph:
         s = scratch()
         visited, stamp0 = s.stamps(vectors.shape[0], nq)
         bd, bi, bx = s.beam_arrays(max(ef, m))
-        counts = graph.search_batch(queries, vectors, nbrs, entries, metric, m, eps, visited,
+        counts = native.graph.search_batch(queries, vectors, nbrs, entries, metric, m, eps, visited,
                                     stamp0, bd, bi, bx, ids, dists)
         return ids, dists, counts
 
@@ -98,21 +101,33 @@ class HeadGraph:
                       ids: np.ndarray, dists: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = self.n
         vectors, alive = self.vectors[:n], self.alive[:n]
-        norms = np.einsum("ij,ij->i", vectors, vectors)
+        if queries.shape[0] <= EXACT_KERNEL_MAX_QUERIES:  # BLAS call overheads dominate
+            counts = native.graph.exact_search(queries, vectors, alive, metric, m, eps, ids, dists)
+            return ids, dists, counts
+        norms = self._sqnorms()
         counts = np.empty(queries.shape[0], dtype=np.int32)
         for lo in range(0, queries.shape[0], EXACT_BLOCK):
             q = queries[lo:lo + EXACT_BLOCK]
             d = q @ vectors.T
-            if metric == distances.L2:
+            if metric == native.L2:
                 d *= -2
                 d += norms[None, :]
                 d += np.einsum("ij,ij->i", q, q)[:, None]
                 np.maximum(d, 0, out=d)
             else:
                 np.negative(d, out=d)
-            counts[lo:lo + q.shape[0]] = heap.select_rows(d, alive, m, eps, ids[lo:lo + EXACT_BLOCK],
+            counts[lo:lo + q.shape[0]] = native.heap.select_rows(d, alive, m, eps, ids[lo:lo + EXACT_BLOCK],
                                                           dists[lo:lo + EXACT_BLOCK])
         return ids, dists, counts
+
+    def _sqnorms(self) -> np.ndarray:
+        """Squared norms of the heads, cached until the heads change."""
+        cached = self._norms
+        if cached is None or cached[0] is not self.vectors or cached[1] != self.n:
+            n = self.n
+            cached = (self.vectors, n, np.einsum("ij,ij->i", self.vectors[:n], self.vectors[:n]))
+            self._norms = cached
+        return cached[2]
 
     # --- bulk construction ----------------------------------------------------------------------
     @classmethod
@@ -127,7 +142,7 @@ class HeadGraph:
         order = np.random.default_rng(seed).permutation(n).astype(np.int32)
         visited = np.zeros(g.capacity, dtype=np.uint32)
         bd, bi, bx = np.empty(ef, np.float32), np.empty(ef, np.int32), np.empty(ef, np.bool_)
-        g.entries = graph.build(order, g.vectors, g.nbrs, n_entries, g.alpha2, visited, bd, bi, bx)
+        g.entries = native.graph.build(order, g.vectors, g.nbrs, n_entries, g.alpha2, visited, bd, bi, bx)
         return g
 
     # --- persistence ----------------------------------------------------------------------------
@@ -138,16 +153,21 @@ class HeadGraph:
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], alpha: float) -> "HeadGraph":
+        """A graph over loaded arrays, used in place (writes grow them by replacement)."""
         vectors, nbrs = arrays["head_vectors"], arrays["head_nbrs"]
         n, dim = vectors.shape
-        g = cls(dim, nbrs.shape[1], alpha, int(arrays["head_entries"].shape[0]), capacity=n)
-        g.vectors[:n] = vectors
-        g.nbrs[:n] = nbrs
-        g.alive[:n] = arrays["head_alive"]
-        g.entries = np.ascontiguousarray(arrays["head_entries"], dtype=np.int32)
+        g = cls.__new__(cls)
+        g.dim = dim
+        g.alpha2 = float(alpha) ** 2
+        g.n_entries = int(arrays["head_entries"].shape[0])
+        g.vectors = np.require(vectors, np.float32, ["C", "W"])
+        g.nbrs = np.require(nbrs, np.int32, ["C", "W"])
+        g.alive = np.require(arrays["head_alive"], np.bool_, ["C", "W"])
+        g.entries = np.require(arrays["head_entries"], np.int32, ["C", "W"])
         g.n = n
-        g.n_alive = int(g.alive[:n].sum())
+        g.n_alive = int(g.alive.sum())
+        g._norms = None
         return g
 
 
-METRIC_CODES = {"l2": distances.L2, "cosine": distances.L2, "ip": distances.IP}
+METRIC_CODES = {"l2": native.L2, "cosine": native.L2, "ip": native.IP}

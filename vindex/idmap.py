@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from native import idhash
+import native
 
 DELETED = np.uint8(0x80)
 VERSION_MASK = np.uint8(0x7F)
@@ -23,6 +23,11 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(4, int(n - 1).bit_length())
 
 
+def _table_size(n: int) -> int:
+    """Slots for ``n`` ids: a power of two at least twice ``n`` (load factor <= 0.5)."""
+    return _pow2_at_least(2 * n)
+
+
 class IdMap:
     """External id <-> vid, plus the version map."""
 
@@ -30,14 +35,14 @@ class IdMap:
         capacity = max(capacity, 16)
         self.vid2ext = np.full(capacity, -1, dtype=np.int64)
         self.versions = np.full(capacity, DELETED, dtype=np.uint8)
-        self.table = np.full(_pow2_at_least(2 * capacity), -1, dtype=np.int32)
+        self.table = np.full(_table_size(capacity), -1, dtype=np.int32)
         self.n_vids = 0
         self.n_live = 0
 
     # --- queries --------------------------------------------------------------------------------
     def lookup(self, exts: np.ndarray) -> np.ndarray:
         """vids of ``exts`` (int64; -1 for ids never seen)."""
-        return idhash.lookup(self.table, self.vid2ext, exts)
+        return native.idhash.lookup(self.table, self.vid2ext, exts)
 
     def live_vids(self, exts: np.ndarray) -> np.ndarray:
         """vids of ``exts`` that are currently live (-1 otherwise)."""
@@ -57,7 +62,7 @@ class IdMap:
         vids = np.arange(start, start + n, dtype=np.int64)
         self.vid2ext[start:start + n] = exts
         self.versions[start:start + n] = 0
-        idhash.insert(self.table, self.vid2ext, vids)
+        native.idhash.insert(self.table, self.vid2ext, vids)
         self.n_vids = start + n
         self.n_live += n
         return vids
@@ -72,22 +77,29 @@ class IdMap:
             versions[:cap] = self.versions
             self.vid2ext, self.versions = vid2ext, versions
         if 2 * n > self.table.shape[0]:
-            table = np.full(_pow2_at_least(4 * n), -1, dtype=np.int32)
-            idhash.rebuild(table, self.vid2ext, self.n_vids)
+            table = np.full(_table_size(2 * n), -1, dtype=np.int32)  # room to grow
+            native.idhash.rebuild(table, self.vid2ext, self.n_vids)
             self.table = table
 
     # --- persistence ----------------------------------------------------------------------------
     def arrays(self) -> dict[str, np.ndarray]:
         n = self.n_vids
-        return {"vid2ext": self.vid2ext[:n], "versions": self.versions[:n]}
+        # The hash table is saved too: reopening then needs no rehash (and no kernel at all).
+        return {"vid2ext": self.vid2ext[:n], "versions": self.versions[:n], "id_table": self.table}
 
     @classmethod
-    def from_arrays(cls, vid2ext: np.ndarray, versions: np.ndarray) -> "IdMap":
+    def from_arrays(cls, vid2ext: np.ndarray, versions: np.ndarray,
+                    table: np.ndarray | None = None) -> "IdMap":
+        # Loaded arrays are used as they are (no copy): the first allocation grows them.
         n = vid2ext.shape[0]
-        m = cls(capacity=max(n, 16))
-        m.vid2ext[:n] = vid2ext
-        m.versions[:n] = versions
+        m = cls.__new__(cls)
+        m.vid2ext = np.require(vid2ext, np.int64, ["C", "W"])
+        m.versions = np.require(versions, np.uint8, ["C", "W"])
         m.n_vids = n
-        idhash.rebuild(m.table, m.vid2ext, n)
-        m.n_live = int(((versions & DELETED) == 0).sum())
+        m.n_live = int(((m.versions & DELETED) == 0).sum())
+        if table is not None and table.shape[0] >= 2 * n:
+            m.table = np.require(table, np.int32, ["C", "W"])
+        else:
+            m.table = np.full(_table_size(max(n, 16)), -1, dtype=np.int32)
+            native.idhash.rebuild(m.table, m.vid2ext, n)
         return m

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from native import distances, replicas
+import native
 
 from . import checkpoint, layout, oplog, validation
 from .build import build_postings
@@ -151,7 +151,7 @@ class Index:
             if seq is None:
                 raise CorruptionError(f"{path}: index has no checkpoint")
             arrays, stats = checkpoint.load(path, seq)
-            idmap = IdMap.from_arrays(arrays["vid2ext"], arrays["versions"])
+            idmap = IdMap.from_arrays(arrays["vid2ext"], arrays["versions"], arrays.get("id_table"))
             graph = (HeadGraph.from_arrays(arrays, cfg.graph_alpha) if arrays["head_vectors"].shape[0]
                      else _empty_graph(manifest.dim, cfg))
             index = cls(path, manifest, store, idmap, graph, seq=seq, build_stats=stats)
@@ -251,10 +251,10 @@ class Index:
         cfg = self.config
         g = self._graph
         n_cand = min(cfg.replica_candidates, g.n_alive)
-        cand, cand_d, _ = g.search(x, distances.L2, n_cand, np.inf, cfg.ef_for(n_cand))
+        cand, cand_d, _ = g.search(x, native.L2, n_cand, np.inf, cfg.ef_for(n_cand))
         reps = np.empty((x.shape[0], cfg.max_replicas), dtype=np.int32)
         reps_d = np.empty((x.shape[0], cfg.max_replicas), dtype=np.float32)
-        counts = replicas.select(cand, cand_d, g.vectors, cfg.replica_eps, cfg.rng_factor, reps, reps_d)
+        counts = native.replicas.select(cand, cand_d, g.vectors, cfg.replica_eps, cfg.rng_factor, reps, reps_d)
         rows = np.repeat(np.arange(x.shape[0]), counts)
         heads = reps[reps >= 0]  # row-major, so aligned with ``rows``
         order = np.argsort(heads, kind="stable")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from native import scan
+import native
 
 from .heads import HeadGraph, scratch
 from .idmap import IdMap
@@ -27,7 +27,7 @@ def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store
     heap_i = np.empty((nq, k), dtype=np.int64)
     sizes = np.zeros(nq, dtype=np.int32)
     head_ids, _, counts = graph.search(queries, metric, max_postings, eps, ef)
-    pids, q_ptr, q_idx = scan.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
+    pids, q_ptr, q_idx = native.scan.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
     # Snapshot the map arrays once: entries written after this search began are not yet
     # acknowledged, and a writer growing the map swaps in new arrays without touching these.
     versions, vid2ext = idmap.versions, idmap.vid2ext
@@ -35,8 +35,8 @@ def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store
         hi = min(lo + READ_CHUNK, pids.shape[0])
         batch = store.read(pids[lo:hi], io)
         recs_f, recs_u = records.view(batch.data, dim)
-        live = scan.live_mask(recs_u, versions)
-        scan.scan_grouped(recs_f, recs_u, live, batch.offsets, q_ptr[lo:hi + 1], q_idx, queries,
+        live = native.scan.live_mask(recs_u, versions)
+        native.scan.scan_grouped(recs_f, recs_u, live, batch.offsets, q_ptr[lo:hi + 1], q_idx, queries,
                           vid2ext, metric, heap_d, heap_i, sizes)
-    scan.finish(heap_d, heap_i, sizes)
+    native.scan.finish(heap_d, heap_i, sizes)
     return heap_i, heap_d

@@ -115,37 +115,45 @@ class RocksStore:
     def read(self, pids: np.ndarray, io: IOClass) -> PostingBatch:
         pids = np.asarray(pids, dtype=np.int64)
         chunks_arr = self._chunks.array()
-        inside = pids < chunks_arr.shape[0]
-        chunks = np.where(inside, chunks_arr[np.minimum(pids, chunks_arr.shape[0] - 1)], 0)
-        keys = _chunk_keys(pids, chunks)
+        if pids.size and int(pids.max()) >= chunks_arr.shape[0]:  # heads never written to
+            chunks = np.where(pids < chunks_arr.shape[0],
+                              chunks_arr[np.minimum(pids, chunks_arr.shape[0] - 1)], 0)
+        else:
+            chunks = chunks_arr[pids]
+        n_keys = int(chunks.sum())
+        single = n_keys == pids.shape[0] and (chunks == 1).all()
+        keys = _chunk_keys(pids, chunks) if n_keys else []
         values = self._cf["postings"].get(keys) if keys else []
-        sizes = np.fromiter((0 if v is None else len(v) for v in values), dtype=np.int64, count=len(values))
-        if (sizes % self.record_size).any():
-            raise CorruptionError(f"posting chunk length not a multiple of the record size {self.record_size}")
-        per_key = sizes // self.record_size
-        # chunk counts -> per-posting record counts
-        offsets = np.zeros(len(pids) + 1, dtype=np.int64)
-        if len(per_key):
-            bounds = np.cumsum(chunks)
+        data, per_key = self._gather(values)
+        offsets = np.zeros(pids.shape[0] + 1, dtype=np.int64)
+        if single:
+            np.cumsum(per_key, out=offsets[1:])
+        elif n_keys:
             cum = np.concatenate(([0], np.cumsum(per_key)))
-            offsets[1:] = cum[bounds]
-        data = self._gather(values, int(sizes.sum()))
-        self.reads += len(pids)
-        self.read_bytes += len(data)
+            offsets[1:] = cum[np.cumsum(chunks)]
+        self.reads += pids.shape[0]
+        self.read_bytes += data.shape[0]
         return PostingBatch(data, offsets)
 
-    def _gather(self, values: list, total: int) -> np.ndarray:
-        # Copy into a per-thread buffer that is reused across reads: a fresh multi-megabyte
-        # allocation per batch costs more in page faults than the copy itself.
+    def _gather(self, values: list) -> tuple[np.ndarray, np.ndarray]:
+        """Concatenate chunk values; returns the bytes and the record count of each value.
+
+        The bytes land in a per-thread buffer reused across reads: a fresh multi-megabyte
+        allocation per batch costs more in page faults than the copy itself.
+        """
+        rs = self.record_size
+        sizes = [0 if v is None else len(v) for v in values]
+        total = sum(sizes)
         buf = self._buffers.get(total)
         view = memoryview(buf)
         pos = 0
-        for v in values:
-            if v is not None:
-                n = len(v)
+        for v, n in zip(values, sizes):
+            if n:
+                if n % rs:
+                    raise CorruptionError(f"posting chunk of {n} bytes is not a whole number of {rs}-byte records")
                 view[pos:pos + n] = v
                 pos += n
-        return buf[:pos]
+        return buf[:pos], np.array(sizes, dtype=np.int64) // rs
 
     # --- writes -------------------------------------------------------------------------------
     def commit(self, change: Change, io: IOClass) -> int:

@@ -1,0 +1,73 @@
+"""Benchmark reporting: Pareto frontiers, QPS at a target recall, tables, JSON and plots."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+
+def frontier(points: list[dict], x: str = "recall", y: str = "qps") -> list[dict]:
+    """Points not dominated in (higher ``x``, higher ``y``), ascending in ``x``."""
+    pts = sorted(points, key=lambda p: (-p[x], -p[y]))
+    out, best = [], -np.inf
+    for p in pts:
+        if p[y] > best:
+            out.append(p)
+            best = p[y]
+    return out[::-1]
+
+
+def at_recall(points: list[dict], target: float, y: str = "qps") -> float | None:
+    """``y`` at recall ``target`` on the frontier, interpolated linearly between the two
+    measured settings around it (None if the target is never reached)."""
+    f = frontier(points, "recall", y)
+    reach = [p for p in f if p["recall"] >= target]
+    if not reach:
+        return None
+    hi = reach[0]
+    below = [p for p in f if p["recall"] < target]
+    if not below:
+        return float(hi[y])
+    lo = below[-1]
+    t = (target - lo["recall"]) / (hi["recall"] - lo["recall"])
+    return float(lo[y] + t * (hi[y] - lo[y]))
+
+
+def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """Plain-text table; ``columns`` are ``(key, header, format)``."""
+    cells = [[h for _, h, _ in columns]]
+    for r in rows:
+        cells.append([("" if r.get(k) is None else format(r[k], f)) for k, _, f in columns])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
+    lines = ["  ".join(c[i].rjust(widths[i]) for i in range(len(columns))) for c in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_json(path: str, obj: dict) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, default=float)
+
+
+def plot_recall_qps(path: str, curves: dict[str, list[dict]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, pts in curves.items():
+        pts = sorted(pts, key=lambda p: p["recall"])
+        ax.plot([p["recall"] for p in pts], [p["qps"] for p in pts], marker="o", ms=3, label=name)
+    ax.set_xlabel("recall@10")
+    ax.set_ylabel("queries per second (batch, 1 thread)")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
