@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .distances import FASTMATH, L2, distance, l2sq, reference, within_eps
+from .distances import FASTMATH, L2, distance, l2sq
 from . import heap
 from .prefetch import prefetch_row
 
@@ -107,51 +107,22 @@ def search_batch(queries, heads, nbrs, entries, metric, m, eps, visited, stamp0,
     for i in range(nq):
         size = beam_search(queries[i], heads, nbrs, entries, metric, visited,
                            np.uint32(stamp0 + i), bd, bi, bx)
-        keep = 0
-        if size > 0:
-            limit = min(size, m)
-            best = reference(bd, limit)
-            while keep < limit and within_eps(bd[keep], best, eps):
-                out_ids[i, keep] = bi[keep]
-                out_d[i, keep] = bd[keep]
-                keep += 1
-        for t in range(keep, m):
-            out_ids[i, t] = -1
-            out_d[i, t] = np.inf
-        counts[i] = keep
+        counts[i] = heap.emit_pruned(bd, bi, min(size, m), eps, out_ids[i], out_d[i])
     return counts
 
 
 @nb.njit(**_q)
 def exact_search(queries, heads, alive, metric, m, eps, out_ids, out_d):
     """``search_batch`` by scoring every alive head (small head sets, few queries)."""
-    nq = queries.shape[0]
-    counts = np.zeros(nq, dtype=np.int32)
+    counts = np.zeros(queries.shape[0], dtype=np.int32)
+    row = np.empty(heads.shape[0], dtype=np.float32)
     hd = np.empty(m, dtype=np.float32)
     hi = np.empty(m, dtype=np.int64)
-    for i in range(nq):
-        size = 0
-        worst = np.float32(np.inf)
+    for i in range(queries.shape[0]):
         for j in range(heads.shape[0]):
-            if not alive[j]:
-                continue
-            d = distance(metric, queries[i], heads[j])
-            if d > worst:
-                continue
-            size = heap.push(hd, hi, size, d, j)
-            if size == m:
-                worst = hd[0]
-        heap.sort_inplace(hd, hi, size)
-        ref = reference(hd, size)
-        keep = 0
-        while keep < size and within_eps(hd[keep], ref, eps):
-            out_ids[i, keep] = hi[keep]
-            out_d[i, keep] = hd[keep]
-            keep += 1
-        for t in range(keep, m):
-            out_ids[i, t] = -1
-            out_d[i, t] = np.inf
-        counts[i] = keep
+            row[j] = distance(metric, queries[i], heads[j]) if alive[j] else np.inf
+        size = heap.smallest(row, alive, hd, hi)
+        counts[i] = heap.emit_pruned(hd, hi, size, eps, out_ids[i], out_d[i])
     return counts
 
 

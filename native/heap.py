@@ -12,7 +12,7 @@ import numpy as np
 
 from .distances import FASTMATH, reference, within_eps
 
-_opts = dict(cache=True, nogil=True)
+_opts = dict(cache=True, nogil=True, fastmath=FASTMATH)
 
 
 @nb.njit(inline="always", **_opts)
@@ -95,35 +95,49 @@ def sort_inplace(dists, ids, size):
         ids[b + 1] = i
 
 
+@nb.njit(inline="always", **_opts)
+def smallest(row, alive, hd, hi):
+    """The ``len(hd)`` smallest ``row[j]`` over ``alive[j]``, sorted into ``hd/hi``; returns
+    how many were found."""
+    m = hd.shape[0]
+    size = 0
+    worst = np.float32(np.inf)  # heap root once full: a cheap scalar reject test
+    for j in range(row.shape[0]):
+        v = row[j]
+        if v > worst or not alive[j]:
+            continue
+        size = push(hd, hi, size, v, j)
+        if size == m:
+            worst = hd[0]
+    sort_inplace(hd, hi, size)
+    return size
+
+
+@nb.njit(inline="always", **_opts)
+def emit_pruned(dists, ids, size, eps, out_ids, out_d):
+    """Copy sorted candidates that pass ``d <= ref + eps*|ref|`` (see ``distances.within_eps``)
+    into one output row, padded with -1 / +inf; returns how many were kept."""
+    ref = reference(dists, size)
+    keep = 0
+    while keep < size and keep < out_ids.shape[0] and within_eps(dists[keep], ref, eps):
+        out_ids[keep] = ids[keep]
+        out_d[keep] = dists[keep]
+        keep += 1
+    for t in range(keep, out_ids.shape[0]):
+        out_ids[t] = -1
+        out_d[t] = np.inf
+    return keep
+
+
 @nb.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def select_rows(dist, alive, m, eps, out_ids, out_d):
-    """Per row of ``dist (nq, H)``: the ``m`` smallest columns among ``alive`` ones, ascending,
-    pruned by ``d <= ref + eps*|ref|`` (see ``distances.within_eps``). Writes ``out_ids (nq, m)``
-    (-1 padded) and ``out_d``; returns kept counts. Used for exact head search."""
-    nq, h = dist.shape
-    counts = np.zeros(nq, dtype=np.int32)
+    """Per row of ``dist (nq, H)``: the ``m`` smallest columns among ``alive`` ones, ascending
+    and pruned, into ``out_ids (nq, m)`` / ``out_d``; returns kept counts. Used for exact head
+    search."""
+    counts = np.zeros(dist.shape[0], dtype=np.int32)
     hd = np.empty(m, dtype=np.float32)
     hi = np.empty(m, dtype=np.int64)
-    for i in range(nq):
-        size = 0
-        row = dist[i]
-        worst = np.float32(np.inf)  # heap root once full: a cheap scalar reject test
-        for j in range(h):
-            v = row[j]
-            if v > worst or not alive[j]:
-                continue
-            size = push(hd, hi, size, v, j)
-            if size == m:
-                worst = hd[0]
-        sort_inplace(hd, hi, size)
-        ref = reference(hd, size)
-        keep = 0
-        while keep < size and within_eps(hd[keep], ref, eps):
-            out_ids[i, keep] = hi[keep]
-            out_d[i, keep] = hd[keep]
-            keep += 1
-        for t in range(keep, m):
-            out_ids[i, t] = -1
-            out_d[i, t] = np.inf
-        counts[i] = keep
+    for i in range(dist.shape[0]):
+        size = smallest(dist[i], alive, hd, hi)
+        counts[i] = emit_pruned(hd, hi, size, eps, out_ids[i], out_d[i])
     return counts

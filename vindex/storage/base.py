@@ -63,19 +63,20 @@ class PostingStore(Protocol):
     def commit(self, change: Change, io: IOClass) -> int:
         """Apply ``change`` atomically; returns the log sequence number (0 if no log)."""
 
-    def bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray) -> None:
+    def bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray,
+                  io: IOClass = IOClass.BACKGROUND) -> None:
         """Write fresh postings in bulk (index build); durable on return."""
 
     def lengths(self) -> np.ndarray:
         """Records per posting, indexed by pid (0 for absent postings)."""
 
-    def log_since(self, seq: int) -> Iterator[tuple[int, bytes]]:
+    def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
         """Log records with sequence number > ``seq``, in order."""
 
-    def truncate_log(self, upto: int) -> None:
+    def truncate_log(self, upto: int, io: IOClass = IOClass.BACKGROUND) -> None:
         """Forget log records with sequence number <= ``upto`` (covered by a checkpoint)."""
 
-    def sync(self) -> None:
+    def sync(self, io: IOClass = IOClass.UPDATE) -> None:
         """Make every committed change durable against power loss."""
 
     def stats(self) -> dict:

@@ -53,7 +53,8 @@ class MemoryStore:
             self._log.append((self._seq, change.log))
             return self._seq
 
-    def bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray) -> None:
+    def bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray,
+                  io: IOClass = IOClass.BACKGROUND) -> None:
         for i, pid in enumerate(pids):
             data = records[offsets[i]:offsets[i + 1]].tobytes()
             self.commit(Change(replaces={int(pid): data}), IOClass.BACKGROUND)
@@ -61,14 +62,14 @@ class MemoryStore:
     def lengths(self) -> np.ndarray:
         return self._lengths.array()
 
-    def log_since(self, seq: int) -> Iterator[tuple[int, bytes]]:
+    def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
         return iter([(s, r) for s, r in self._log if s > seq])
 
-    def truncate_log(self, upto: int) -> None:
+    def truncate_log(self, upto: int, io: IOClass = IOClass.BACKGROUND) -> None:
         with self._lock:
             self._log = [(s, r) for s, r in self._log if s > upto]
 
-    def sync(self) -> None:
+    def sync(self, io: IOClass = IOClass.UPDATE) -> None:
         pass
 
     def stats(self) -> dict:

@@ -202,7 +202,8 @@ class RocksStore:
                 self._lengths[pid] = records
             return seq
 
-    def bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray) -> None:
+    def bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray,
+                  io: IOClass = IOClass.BACKGROUND) -> None:
         opts = WriteOptions()
         opts.disable_wal = True  # durable by the flush below; a crashed build is discarded
         post, pdir = self._handle["postings"], self._handle["pdir"]
@@ -230,16 +231,16 @@ class RocksStore:
         return self._lengths.array()
 
     # --- log ----------------------------------------------------------------------------------
-    def log_since(self, seq: int) -> Iterator[tuple[int, bytes]]:
+    def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
         for key, value in self._cf["log"].items(from_key=struct.pack(">Q", seq + 1)):
             yield struct.unpack(">Q", key)[0], value
 
-    def truncate_log(self, upto: int) -> None:
+    def truncate_log(self, upto: int, io: IOClass = IOClass.BACKGROUND) -> None:
         batch = WriteBatch(raw_mode=True)
         batch.delete_range(struct.pack(">Q", 0), struct.pack(">Q", upto + 1), self._handle["log"])
         self._db.write(batch)
 
-    def sync(self) -> None:
+    def sync(self, io: IOClass = IOClass.UPDATE) -> None:
         self._db.flush_wal(True)
 
     def stats(self) -> dict:
