@@ -37,7 +37,7 @@ def _rss_code(method, path: str) -> str:
     return f"from bench.peers import {cls}\nindex = {cls}.open_for_rss({path!r})\n"
 
 
-_BASELINE = {"vindex": "import vindex, native.idhash, rocksdict\n",
+_BASELINE = {"vindex": "import vindex, rocksdict\n",
              "faiss-ivfflat": "import faiss\n", "faiss-hnsw": "import faiss\n", "hnswlib": "import hnswlib, numpy\n"}
 
 
@@ -53,8 +53,13 @@ def run_method(method, ds: datasets.Dataset, queries: np.ndarray, gt: np.ndarray
     method.save(path)
     rss = measure.rss_of_subprocess(_rss_code(method, path))
     rss_base = measure.rss_of_subprocess(_BASELINE[name])
+    extra = {}
+    if isinstance(method, Vindex):  # the kernels (numba, LLVM) load on the first search
+        extra["rss_after_search_bytes"] = measure.rss_of_subprocess(method.rss_code(search=True))
     print(f"[{name}] build {build_s:.1f} s, RSS after open {rss / 2**20:.0f} MiB "
-          f"(interpreter + libraries alone: {rss_base / 2**20:.0f} MiB)", file=sys.stderr, flush=True)
+          f"(interpreter + libraries alone: {rss_base / 2**20:.0f} MiB"
+          + (f"; after one search: {extra['rss_after_search_bytes'] / 2**20:.0f} MiB" if extra else "")
+          + ")", file=sys.stderr, flush=True)
     if isinstance(method, Vindex):
         method.reopen()
         method.warm(queries)
@@ -72,7 +77,7 @@ def run_method(method, ds: datasets.Dataset, queries: np.ndarray, gt: np.ndarray
         print(report.table([row], COLUMNS).splitlines()[-1], file=sys.stderr, flush=True)
         if recall >= args.max_recall:
             break
-    out = {"build_s": build_s, "rss_bytes": rss, "rss_baseline_bytes": rss_base, "rows": rows}
+    out = {"build_s": build_s, "rss_bytes": rss, "rss_baseline_bytes": rss_base, **extra, "rows": rows}
     if isinstance(method, Vindex):
         out["build_stats"] = method.build_stats
         out["index_stats"] = {k: v for k, v in method.index.stats().items() if k != "build"}
@@ -86,7 +91,8 @@ def summarize(results: dict) -> list[dict]:
     ivf = results.get("faiss-ivfflat")
     for name, res in results.items():
         row = {"method": name, "build_s": res["build_s"], "rss_mib": res["rss_bytes"] / 2**20,
-               "rss_base_mib": res["rss_baseline_bytes"] / 2**20}
+               "rss_base_mib": res["rss_baseline_bytes"] / 2**20,
+               "rss_search_mib": res.get("rss_after_search_bytes", 0) / 2**20 or None}
         for t in TARGETS:
             q = report.at_recall(res["rows"], t)
             row[f"qps@{t}"] = q
@@ -139,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
           f"queries={n_q} k={args.k}; search 1 thread, build {args.build_threads} thread(s)\n")
     print(report.table(all_rows, COLUMNS))
     cols = [("method", "method", "s"), ("build_s", "build s", ".1f"), ("rss_mib", "RSS open MiB", ".0f"),
-            ("rss_base_mib", "RSS libs MiB", ".0f")]
+            ("rss_base_mib", "RSS libs MiB", ".0f"), ("rss_search_mib", "RSS 1st query MiB", ".0f")]
     for t in TARGETS:
         cols += [(f"qps@{t}", f"QPS@{t}", ".0f"), (f"vs_ivf@{t}", f"x IVF@{t}", ".2f"),
                  (f"p50@{t}", f"p50ms@{t}", ".3f")]

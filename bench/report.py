@@ -71,3 +71,31 @@ def plot_recall_qps(path: str, curves: dict[str, list[dict]], title: str) -> Non
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def markdown_summary(result_files: list[str]) -> str:
+    """One markdown table over ``recall_qps`` result files (for the README)."""
+    lines = ["| data set | method | build s | RSS open MiB | QPS @0.90 | x IVF | p50 ms @0.90 | QPS @0.95 | x IVF | p50 ms @0.95 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def f(v, fmt):
+        return "n/a" if v is None else format(v, fmt)
+
+    for path in result_files:
+        with open(path) as fh:
+            res = json.load(fh)
+        meta = res["meta"]
+        label = f"{meta['dataset']} ({meta['n']:,} x {meta['dim']}, {meta['metric']})"
+        for row in res["summary"]:
+            lines.append(
+                f"| {label} | {row['method']} | {row['build_s']:.1f} | {row['rss_mib']:.0f} | "
+                f"{f(row.get('qps@0.9'), '.0f')} | {f(row.get('vs_ivf@0.9'), '.2f')} | {f(row.get('p50@0.9'), '.3f')} | "
+                f"{f(row.get('qps@0.95'), '.0f')} | {f(row.get('vs_ivf@0.95'), '.2f')} | {f(row.get('p50@0.95'), '.3f')} |")
+            label = ""
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(markdown_summary(sys.argv[1:]))

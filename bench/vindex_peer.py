@@ -64,8 +64,12 @@ class Vindex:
     def save(self, path: str) -> None:
         pass  # the index lives in self.path already
 
-    def rss_code(self) -> str:
-        return f"import vindex\nindex = vindex.Index.open({self.path!r})\n"
+    def rss_code(self, search: bool = False) -> str:
+        """Code that opens the index (and with ``search``, runs one query) in a fresh process."""
+        code = f"import vindex\nindex = vindex.Index.open({self.path!r})\n"
+        if search:
+            code += "import numpy\nindex.search(numpy.ones(index.dim, numpy.float32), 10)\n"
+        return code
 
     def close(self) -> None:
         if self.index is not None:

@@ -18,6 +18,11 @@ def vectors(x: Any, dim: int, *, what: str = "vectors", allow_1d: bool = True) -
 
     A 1-D input of length ``dim`` is one row.
     """
+    if type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous:
+        # fast path for the common case (one query on the search path): checks only
+        arr = x.reshape(1, -1) if x.ndim == 1 and allow_1d else x
+        if arr.ndim == 2 and arr.shape[1] == dim and np.isfinite(arr).all():
+            return arr
     try:
         arr = np.asarray(x)
     except Exception as exc:  # ragged nested lists and the like
@@ -99,8 +104,8 @@ def non_negative_float(value: Any, name: str) -> float:
 
 def unit_rows(x: np.ndarray, *, what: str) -> np.ndarray:
     """Rows scaled to unit length (cosine metric); zero rows are an error."""
-    norms = np.linalg.norm(x, axis=1)
-    zero = np.flatnonzero(norms == 0)
-    if zero.size:
+    norms = np.sqrt(np.einsum("ij,ij->i", x, x))
+    if not norms.all():
+        zero = np.flatnonzero(norms == 0)
         raise InvalidInputError(f"{what}: cosine metric needs non-zero vectors, got zero vectors in rows {preview(zero)}")
-    return np.ascontiguousarray(x / norms[:, None], dtype=np.float32)
+    return x / norms[:, None]

@@ -31,21 +31,11 @@ from .directory import Lengths
 
 _CFS = ("postings", "pdir", "log")
 _PDIR = struct.Struct(">II")
-
-
-def _chunk_keys(pids: np.ndarray, chunks: np.ndarray) -> list[bytes]:
-    """Keys of chunks ``0..chunks[i]-1`` of every ``pids[i]``, in order."""
-    total = int(chunks.sum())
-    keys = np.empty((total, 2), dtype=">u4")
-    keys[:, 0] = np.repeat(pids, chunks)
-    starts = np.repeat(np.cumsum(chunks) - chunks, chunks)
-    keys[:, 1] = np.arange(total) - starts
-    raw = keys.tobytes()
-    return [raw[i:i + 8] for i in range(0, len(raw), 8)]
+_KEY = struct.Struct(">II")  # (pid, chunk) big-endian, so a posting's chunks are adjacent
 
 
 def _key(pid: int, chunk: int) -> bytes:
-    return _PDIR.pack(pid, chunk)
+    return _KEY.pack(pid, chunk)
 
 
 def _options(cache: Cache, create: bool) -> tuple[Options, dict[str, Options]]:
@@ -120,40 +110,46 @@ class RocksStore:
                               chunks_arr[np.minimum(pids, chunks_arr.shape[0] - 1)], 0)
         else:
             chunks = chunks_arr[pids]
-        n_keys = int(chunks.sum())
-        single = n_keys == pids.shape[0] and (chunks == 1).all()
-        keys = _chunk_keys(pids, chunks) if n_keys else []
+        # Plain Python lists: for the few postings of one query, numpy call overheads would
+        # cost more than the loop; for a large batch the loop stays far below the read itself.
+        pack = _KEY.pack
+        counts = chunks.tolist()
+        keys = []
+        for pid, c in zip(pids.tolist(), counts):
+            if c == 1:
+                keys.append(pack(pid, 0))
+            else:
+                keys.extend(pack(pid, j) for j in range(c))
         values = self._cf["postings"].get(keys) if keys else []
-        data, per_key = self._gather(values)
-        offsets = np.zeros(pids.shape[0] + 1, dtype=np.int64)
-        if single:
-            np.cumsum(per_key, out=offsets[1:])
-        elif n_keys:
-            cum = np.concatenate(([0], np.cumsum(per_key)))
-            offsets[1:] = cum[np.cumsum(chunks)]
-        self.reads += pids.shape[0]
+        data, offsets = self._gather(values, counts)
+        self.reads += len(counts)
         self.read_bytes += data.shape[0]
         return PostingBatch(data, offsets)
 
-    def _gather(self, values: list) -> tuple[np.ndarray, np.ndarray]:
-        """Concatenate chunk values; returns the bytes and the record count of each value.
+    def _gather(self, values: list, counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Concatenate chunk values; returns the bytes and per-posting record offsets.
 
         The bytes land in a per-thread buffer reused across reads: a fresh multi-megabyte
         allocation per batch costs more in page faults than the copy itself.
         """
         rs = self.record_size
         sizes = [0 if v is None else len(v) for v in values]
-        total = sum(sizes)
-        buf = self._buffers.get(total)
+        buf = self._buffers.get(sum(sizes))
         view = memoryview(buf)
-        pos = 0
-        for v, n in zip(values, sizes):
-            if n:
-                if n % rs:
-                    raise CorruptionError(f"posting chunk of {n} bytes is not a whole number of {rs}-byte records")
-                view[pos:pos + n] = v
-                pos += n
-        return buf[:pos], np.array(sizes, dtype=np.int64) // rs
+        offsets = [0] * (len(counts) + 1)
+        pos = k = 0
+        for i, c in enumerate(counts):
+            for _ in range(c):
+                n = sizes[k]
+                if n:
+                    if n % rs:
+                        raise CorruptionError(
+                            f"posting chunk of {n} bytes is not a whole number of {rs}-byte records")
+                    view[pos:pos + n] = values[k]
+                    pos += n
+                k += 1
+            offsets[i + 1] = pos // rs
+        return buf[:pos], np.array(offsets, dtype=np.int64)
 
     # --- writes -------------------------------------------------------------------------------
     def commit(self, change: Change, io: IOClass) -> int:
