@@ -33,7 +33,7 @@ def test_exhaustive_search_equals_brute_force_exactly(bigann_index, bigann):
 def test_recall_bigann_10k(bigann_index, bigann):
     ids, _ = bigann_index.search(bigann["queries"], 10)
     recall = recall_at_k(ids, bigann["gt_ids"])
-    assert recall >= 0.97  # measured 0.995 (default max_postings=64)
+    assert recall >= 0.97  # measured 0.998 (default max_postings=64)
 
 
 def test_recall_bigann_holdout_fewer_postings(tmp_path, bigann):
@@ -41,14 +41,14 @@ def test_recall_bigann_holdout_fewer_postings(tmp_path, bigann):
     with vindex.Index.build(tmp_path / "h", bigann["base"][:n0]) as index:
         ids, _ = index.search(bigann["base"][n0:], 10, max_postings=16)
     recall = recall_at_k(ids, bigann["holdout_gt_ids"])
-    assert recall >= 0.85  # measured 0.903
+    assert recall >= 0.92  # measured 0.949
 
 
 def test_recall_wiki_minilm_cosine(tmp_path, wiki):
     with vindex.Index.build(tmp_path / "w", wiki["base"], metric="cosine") as index:
         ids, dists = index.search(wiki["queries"], 10)
     recall = recall_at_k(ids, wiki["gt_ids"])
-    assert recall >= 0.95  # measured 0.985
+    assert recall >= 0.95  # measured 0.972
     # distances are 1 - cos, ascending
     assert (np.diff(dists, axis=1) >= 0).all()
     hit = ids[:, 0] == wiki["gt_ids"][:, 0]

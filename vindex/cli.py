@@ -67,7 +67,7 @@ def demo(args: argparse.Namespace) -> int:
         if "base_title" in data:
             q = 0
             ids, dists = index.search(queries[q], 5)
-            print(f"\nquery: {data['query_title'][q]!r}")
+            print(f"\nquery: {str(data['query_title'][q])!r}")
             for i, d in zip(ids[0], dists[0]):
                 print(f"  {d:.3f}  {data['base_title'][i]}")
     return 0
