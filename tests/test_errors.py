@@ -69,6 +69,8 @@ def test_bad_add(index, ids, vectors, exc, match):
 def test_bad_build_inputs(tmp_path):
     with pytest.raises(vindex.DimensionError):
         vindex.Index.build(tmp_path / "a", np.zeros(16, np.float32))
+    with pytest.raises(vindex.DimensionError, match="2-D"):
+        vindex.Index.build(tmp_path / "a", [[1.0, 2.0], [3.0]])  # ragged
     with pytest.raises(vindex.NonFiniteError):
         vindex.Index.build(tmp_path / "b", np.full((3, 4), np.nan))
     with pytest.raises(vindex.LengthMismatchError):
@@ -137,3 +139,18 @@ def test_open_rejects_structural_overrides(tmp_path):
     with pytest.raises(vindex.InvalidConfigError, match="cannot change"):
         vindex.Index.open(path, max_replicas=2)
     vindex.Index.open(path, cache_bytes=1 << 22).close()
+
+
+def test_failed_build_leaves_nothing_and_can_be_retried(tmp_path, monkeypatch):
+    import vindex.index as index_module
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(index_module, "build_postings", boom)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        vindex.Index.build(tmp_path / "f", np.ones((10, 4), np.float32))
+    assert not (tmp_path / "f").exists()
+    monkeypatch.undo()
+    with vindex.Index.build(tmp_path / "f", np.ones((10, 4), np.float32)) as index:
+        assert len(index) == 10

@@ -92,17 +92,15 @@ class Index:
         """
         metric = check_metric(metric)
         cfg = IndexConfig.from_kwargs(config)
-        arr = np.asarray(vectors) if not isinstance(vectors, np.ndarray) else vectors
-        if arr.ndim != 2 or arr.shape[1] < 1:
-            raise validation.DimensionError(f"vectors: expected a 2-D (n, dim) array, got shape {np.shape(arr)}")
-        dim = int(arr.shape[1])
-        x = validation.vectors(arr, dim, allow_1d=False)
+        x = validation.matrix(vectors)
+        dim = int(x.shape[1])
         exts = np.arange(x.shape[0], dtype=np.int64) if ids is None else validation.ids(ids)
         validation.same_length(exts, x)
         if metric == "cosine":
             x = validation.unit_rows(x, what="vectors")
         path = os.fspath(path)
         created = layout.prepare_new(path)
+        store = None
         try:
             manifest = layout.Manifest(dim, metric, cfg)
             store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(dim),
@@ -124,6 +122,8 @@ class Index:
                 layout.write(path, manifest)
             return index
         except BaseException:
+            if store is not None:
+                store.close()
             if created:
                 shutil.rmtree(path, ignore_errors=True)
             else:  # it was empty before we started
@@ -294,8 +294,10 @@ class Index:
         self._check_open()
         g = self._graph
         limit = self.config.posting_limit(self.dim)
-        lengths = self._store.lengths()[: g.n]
-        live_heads = lengths[g.alive[: g.n]] if g.n else lengths[:0]
+        stored = self._store.lengths()[: g.n]
+        lengths = np.zeros(g.n, dtype=np.int64)
+        lengths[: stored.shape[0]] = stored  # heads never written to have empty postings
+        live_heads = lengths[g.alive[: g.n]]
         hist_edges = np.linspace(0, 2 * limit, 9).astype(np.int64)
         hist, _ = np.histogram(live_heads, bins=np.append(hist_edges, np.iinfo(np.int64).max))
         versions = self._idmap.versions[: self._idmap.n_vids]

@@ -47,6 +47,17 @@ def vectors(x: Any, dim: int, *, what: str = "vectors", allow_1d: bool = True) -
     return out
 
 
+def matrix(x: Any, *, what: str = "vectors") -> np.ndarray:
+    """``x`` as a ``(n, dim) float32`` array whose dimension is taken from ``x`` itself."""
+    try:
+        shape = np.shape(x)
+    except Exception:  # ragged nested lists
+        shape = None
+    if shape is None or len(shape) != 2 or shape[1] < 1:
+        raise DimensionError(f"{what}: expected a 2-D (n, dim) array with dim >= 1, got shape {shape}")
+    return vectors(x, int(shape[1]), what=what, allow_1d=False)
+
+
 def ids(x: Any, *, what: str = "ids") -> np.ndarray:
     """``x`` as a 1-D int64 array of non-negative, distinct ids."""
     if isinstance(x, numbers.Integral) and not isinstance(x, bool):
