@@ -14,7 +14,7 @@ import importlib
 
 from .metrics import IP, L2
 
-_SUBMODULES = ("distances", "graph", "heap", "idhash", "prefetch", "replicas", "scan")
+_SUBMODULES = ("distances", "graph", "heap", "idhash", "kmeans", "lire", "prefetch", "replicas", "scan")
 
 
 def __getattr__(name: str):
@@ -27,7 +27,7 @@ def warmup() -> None:
     """Run every kernel once on tiny inputs of the exact types the library passes."""
     import numpy as np
 
-    from . import distances, graph, idhash, replicas, scan
+    from . import distances, graph, idhash, kmeans, lire, replicas, scan
 
     rng = np.random.default_rng(0)
     d, n = 8, 40
@@ -36,7 +36,12 @@ def warmup() -> None:
     visited = np.zeros(n, dtype=np.uint32)
     bd, bi, bx = np.empty(16, np.float32), np.empty(16, np.int32), np.empty(16, np.bool_)
     entries = graph.build(np.arange(n, dtype=np.int32), heads, nbrs, 4, 1.44, visited, bd, bi, bx)
-    graph.remove_node(3, heads, nbrs, 1.44)
+    touched = np.zeros(n, np.uint8)
+    removed = np.zeros(n, np.bool_)
+    removed[3] = True
+    graph.remove_nodes(removed, heads, nbrs, 1.44, touched)
+    graph.insert_nodes(np.array([3], np.int32), heads, nbrs, entries, 1.44, visited, n + 30, bd, bi, bx,
+                       touched)
     q = heads[:2].copy()
     for metric in (distances.L2, distances.IP):
         ids = np.empty((2, 8), np.int32)
@@ -71,6 +76,15 @@ def warmup() -> None:
         scan.scan_grouped(recs_f, recs_u, live, offsets, one_ptr, one_idx, q, vid2ext, metric,
                           hd, hi, sizes)
         scan.finish(hd, hi, sizes)
+    labels = np.full(4, -1, np.int64)
+    cents = np.zeros((2, d), np.float32)
+    keep, n_live = lire.live_dedupe(recs_u, offsets, versions, np.full(8, -1, np.int64))
+    lire.split(recs_f, keep, offsets, np.array([2], np.int64), np.array([0, 2], np.int64), 4, 1.0,
+               labels, cents)
+    lire.reassign_candidates(recs_f, keep, offsets, heads[:1].copy(), np.array([0], np.int64),
+                             np.array([0], np.int64), np.array([True]), heads[:1].copy(),
+                             np.array([0, 2], np.int64), cents)
+    kmeans.balanced_kmeans(heads, 3, 2, 1.0, np.empty(n, np.int64), np.empty((3, d), np.float32))
     table = np.full(32, -1, dtype=np.int32)
     idhash.rebuild(table, vid2ext, 8)
     idhash.insert(np.full(32, -1, dtype=np.int32), vid2ext, np.arange(8, dtype=np.int64))

@@ -179,14 +179,25 @@ def _repair(j, extra, heads, nbrs, alpha2):
     for t in range(n):
         cd[t] = l2sq(heads[j], heads[cand[t]])
     order = np.argsort(cd, kind="mergesort")
-    robust_prune(j, cand[order], cd[order], heads, alpha2, nbrs[j])
+    _prune_into_row(j, cand[order], cd[order], heads, alpha2, nbrs)
 
 
 @nb.njit(**_q)
-def insert_node(p, heads, nbrs, entries, alpha2, visited, stamp, bd, bi, bx):
-    """Link head ``p`` (its vector already in ``heads``) into the graph."""
+def _prune_into_row(p, cand, cand_d, heads, alpha2, nbrs):
+    """Prune into a scratch row, then copy: concurrent searches read rows without locks, so a
+    row should change in one short copy, not edge by edge during the pruning."""
+    row = np.empty(nbrs.shape[1], dtype=np.int32)
+    robust_prune(p, cand, cand_d, heads, alpha2, row)
+    nbrs[p, :] = row
+
+
+@nb.njit(**_q)
+def insert_node(p, heads, nbrs, entries, alpha2, visited, stamp, bd, bi, bx, touched):
+    """Link head ``p`` (its vector already in ``heads``) into the graph. Rows written are
+    flagged in ``touched``."""
     size = beam_search(heads[p], heads, nbrs, entries, L2, visited, stamp, bd, bi, bx)
-    robust_prune(p, bi[:size], bd[:size], heads, alpha2, nbrs[p])
+    _prune_into_row(p, bi[:size], bd[:size], heads, alpha2, nbrs)
+    touched[p] = 1
     R = nbrs.shape[1]
     one = np.empty(1, dtype=np.int32)
     one[0] = p
@@ -201,45 +212,69 @@ def insert_node(p, heads, nbrs, entries, alpha2, visited, stamp, bd, bi, bx):
                 break
             if nbrs[r, s] < 0:
                 nbrs[r, s] = p
+                touched[r] = 1
                 placed = True
                 break
         if not placed:
             _repair(r, one, heads, nbrs, alpha2)
+            touched[r] = 1
 
 
 @nb.njit(**_q)
-def remove_node(p, heads, nbrs, alpha2):
-    """Unlink head ``p``: every in-neighbour j re-prunes over N(j) - p + N(p) - j."""
+def insert_nodes(ps, heads, nbrs, entries, alpha2, visited, stamp0, bd, bi, bx, touched):
+    """``insert_node`` for each of ``ps`` in order (visited stamps ``stamp0 + i``)."""
+    for t in range(ps.shape[0]):
+        insert_node(ps[t], heads, nbrs, entries, alpha2, visited, np.uint32(stamp0 + t), bd, bi, bx,
+                    touched)
+
+
+@nb.njit(**_q)
+def remove_nodes(removed, heads, nbrs, alpha2, touched):
+    """Unlink every head with ``removed[p]`` set, in one pass over the graph (FreshDiskANN
+    consolidation): each surviving node j with an edge into the removed set re-prunes over its
+    surviving neighbours plus the surviving out-neighbours of its removed neighbours. Rows
+    written are flagged in ``touched``."""
     R = nbrs.shape[1]
     for j in range(nbrs.shape[0]):
-        if j == p:
+        if removed[j]:
             continue
-        has = False
+        n_removed = 0
         for s in range(R):
             c = nbrs[j, s]
             if c < 0:
                 break
-            if c == p:
-                has = True
-                break
-        if not has:
+            if removed[c]:
+                n_removed += 1
+        if n_removed == 0:
             continue
-        # drop p, then re-prune over the rest plus p's out-neighbours
-        w = 0
+        cand = np.empty(R + n_removed * R, dtype=np.int32)
+        n = 0
         for s in range(R):
             c = nbrs[j, s]
-            if c >= 0 and c != p:
-                nbrs[j, w] = c
-                w += 1
-        for s in range(w, R):
-            nbrs[j, s] = -1
-        extra = np.empty(R, dtype=np.int32)
-        for s in range(R):
-            c = nbrs[p, s]
-            extra[s] = c if c != j else -1
-        _repair(j, extra, heads, nbrs, alpha2)
-    for s in range(R):
-        nbrs[p, s] = -1
+            if c < 0:
+                break
+            if not removed[c]:
+                cand[n] = c
+                n += 1
+            else:
+                for u in range(R):
+                    e = nbrs[c, u]
+                    if e < 0:
+                        break
+                    if e != j and not removed[e]:
+                        cand[n] = e
+                        n += 1
+        cand = cand[:n]
+        cd = np.empty(n, dtype=np.float32)
+        for t in range(n):
+            cd[t] = l2sq(heads[j], heads[cand[t]])
+        order = np.argsort(cd, kind="mergesort")
+        _prune_into_row(j, cand[order], cd[order], heads, alpha2, nbrs)
+        touched[j] = 1
+    for p in range(nbrs.shape[0]):
+        if removed[p]:
+            nbrs[p, :] = -1
+            touched[p] = 1
 
 
 @nb.njit(**_q)
@@ -247,11 +282,13 @@ def build(order, heads, nbrs, n_entries, alpha2, visited, bd, bi, bx):
     """Insert heads in ``order`` one by one; the first ``n_entries`` inserted serve as entry
     points for the later ones. Visited stamps start at 1; the caller passes a zeroed array."""
     entries = np.empty(min(n_entries, order.shape[0]), dtype=np.int32)
+    touched = np.zeros(nbrs.shape[0], dtype=np.uint8)
     n_e = 0
     for t in range(order.shape[0]):
         p = order[t]
         if n_e > 0:
-            insert_node(p, heads, nbrs, entries[:n_e], alpha2, visited, np.uint32(t + 1), bd, bi, bx)
+            insert_node(p, heads, nbrs, entries[:n_e], alpha2, visited, np.uint32(t + 1), bd, bi, bx,
+                        touched)
         if n_e < entries.shape[0]:
             entries[n_e] = p
             n_e += 1

@@ -55,9 +55,11 @@ def insert(table, vid2ext, vids):
 
 @nb.njit(**_q)
 def rebuild(table, vid2ext, n_vids):
-    """Fill an all -1 ``table`` with vids ``0..n_vids-1``."""
+    """Fill an all -1 ``table`` with vids ``0..n_vids-1`` (retired vids, ext -1, are left out)."""
     mask = table.shape[0] - 1
     for v in range(n_vids):
+        if vid2ext[v] < 0:
+            continue
         s = _home(vid2ext[v], mask)
         while table[s] >= 0:
             s = (s + 1) & mask

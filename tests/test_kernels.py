@@ -93,8 +93,13 @@ def test_graph_edges_are_valid_and_bounded():
 def test_graph_remove_node_unlinks_and_keeps_search_working():
     heads, nbrs, entries = _random_graph()
     removed = [int(x) for x in np.random.default_rng(3).choice(heads.shape[0], 60, replace=False)]
-    for p in removed:
-        graph.remove_node(p, heads, nbrs, 1.2 ** 2)
+    mask = np.zeros(heads.shape[0], np.bool_)
+    mask[removed] = True
+    touched = np.zeros(heads.shape[0], np.uint8)
+    before = nbrs.copy()
+    graph.remove_nodes(mask, heads, nbrs, 1.2 ** 2, touched)
+    changed = np.flatnonzero((before != nbrs).any(axis=1))
+    assert set(changed.tolist()) <= set(np.flatnonzero(touched).tolist()), "every written row is flagged"
     assert not np.isin(nbrs, removed).any()
     assert (nbrs[removed] == -1).all()
     keep_entries = np.array([e for e in entries if e not in removed], np.int32)
@@ -116,8 +121,12 @@ def test_graph_insert_node_is_reachable():
     nbrs = np.vstack([nbrs, np.full((1, nbrs.shape[1]), -1, np.int32)])
     p = heads.shape[0] - 1
     ef = 48
+    touched = np.zeros(p + 1, np.uint8)
+    before = nbrs.copy()
     graph.insert_node(p, heads, nbrs, entries, 1.2 ** 2, np.zeros(p + 1, np.uint32), 1,
-                      np.empty(ef, np.float32), np.empty(ef, np.int32), np.empty(ef, np.bool_))
+                      np.empty(ef, np.float32), np.empty(ef, np.int32), np.empty(ef, np.bool_), touched)
+    changed = np.flatnonzero((before != nbrs).any(axis=1))
+    assert set(changed.tolist()) <= set(np.flatnonzero(touched).tolist())
     assert (nbrs[p] >= 0).sum() > 0
     assert (nbrs == p).any(), "some node links back to the new head"
     ids, _, _ = _search(heads, nbrs, entries, extra, 1)

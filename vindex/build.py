@@ -36,6 +36,7 @@ class BuiltPostings:
     pids: np.ndarray        # ascending posting ids
     records: np.ndarray     # (E, dim + 2) float32 records, grouped by posting
     offsets: np.ndarray     # (len(pids) + 1,) int64
+    home: np.ndarray        # (n,) posting of each input row's primary copy
     stats: dict = field(default_factory=dict)
 
 
@@ -106,8 +107,10 @@ def _pilot_replication(x: np.ndarray, target: float, config: IndexConfig) -> flo
     return float(counts.mean())
 
 
-def build_postings(x: np.ndarray, vids: np.ndarray, config: IndexConfig, show: bool) -> BuiltPostings:
-    """Heads, graph and grouped posting records for vectors ``x`` with internal ids ``vids``."""
+def build_postings(x: np.ndarray, vids: np.ndarray, config: IndexConfig, show: bool,
+                   versions: np.ndarray | None = None) -> BuiltPostings:
+    """Heads, graph and grouped posting records for vectors ``x`` with internal ids ``vids``
+    (and record versions ``versions``, 0 by default)."""
     n, dim = x.shape
     limit = config.posting_limit(dim)
     target = max(2.0, limit * config.build_fill)
@@ -142,7 +145,9 @@ def build_postings(x: np.ndarray, vids: np.ndarray, config: IndexConfig, show: b
     step(f"building head graph over {used.size} heads", show)
     graph = HeadGraph.build(cl.heads[used], config.graph_degree, config.graph_alpha,
                             config.graph_entries, config.graph_build_ef, config.seed)
-    recs = records.encode(vids[rows], np.zeros(rows.size, np.uint32), x[rows])
+    if versions is None:
+        versions = np.zeros(n, dtype=np.uint8)
+    recs = records.encode(vids[rows], versions[rows], x[rows])
     stats = {
         "heads": int(used.size),
         "entries": int(rows.size),
@@ -152,4 +157,5 @@ def build_postings(x: np.ndarray, vids: np.ndarray, config: IndexConfig, show: b
         "posting_max": int(sizes.max()) if sizes.size else 0,
         "posting_limit": int(limit),
     }
-    return BuiltPostings(graph, np.arange(used.size, dtype=np.int64), recs, offsets, stats)
+    home = new_id[reps[:, 0]].astype(np.int32)
+    return BuiltPostings(graph, np.arange(used.size, dtype=np.int64), recs, offsets, home, stats)

@@ -17,7 +17,8 @@ METRICS = ("l2", "ip", "cosine")
 STORES = ("rocksdb", "memory")
 
 #: Fields that may differ between the process that built an index and one that reopens it.
-RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads"})
+RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebalance_batch",
+                            "checkpoint_every"})
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,25 @@ class IndexConfig:
     """A head is a replica candidate only while ``D(x,c) <= (1+eps) * D(x,c_1)``."""
     rng_factor: float = 1.0
     """RNG rule: accept head c only if ``rng_factor * D(c, c') > D(x, c)`` for each accepted c'."""
+    insert_candidates: int = 32
+    """Nearest heads examined when an insert or a reassignment chooses postings (a bulk build
+    examines ``replica_candidates``); fewer is faster, the RNG rule rarely reaches far."""
+
+    # --- rebalancing (SPFresh LIRE) -----------------------------------------------------------
+    rebalance: bool = True
+    """Split, merge, reassign and garbage-collect postings in the background. Off: appends only."""
+    merge_fraction: float = 0.1
+    """A posting with fewer live vectors than this fraction of the budget is merged away."""
+    gc_fraction: float = 0.25
+    """A posting is rewritten without garbage once this fraction of it is known dead."""
+    reassign_neighbors: int = 64
+    """Postings around a split whose vectors are checked for reassignment."""
+    split_balance: float = 1.0
+    """Size penalty of the balanced k-means that splits a posting (0: plain k-means)."""
+    rebalance_batch: int = 256
+    """Postings handled per background round."""
+    checkpoint_every: int = 200_000
+    """Vectors written (upserts, deletes, reassignments) between automatic checkpoints."""
 
     # --- head graph ------------------------------------------------------------------------
     graph_degree: int = 32
@@ -89,12 +109,22 @@ class IndexConfig:
                 raise InvalidConfigError(f"config {f.name}: expected an integer, got {value!r}")
             if f.type == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise InvalidConfigError(f"config {f.name}: expected a number, got {value!r}")
+            if f.type == "bool" and not isinstance(value, bool):
+                raise InvalidConfigError(f"config {f.name}: expected True or False, got {value!r}")
         need(self.posting_limit_bytes >= 1024, "posting_limit_bytes", ">= 1024")
         need(0.05 <= self.build_fill <= 1.0, "build_fill", "a fraction in [0.05, 1]")
         need(1 <= self.max_replicas <= 8, "max_replicas", "1..8")
         need(1 <= self.replica_candidates <= 1024, "replica_candidates", "1..1024")
         need(self.replica_eps >= 0, "replica_eps", ">= 0")
         need(self.rng_factor > 0, "rng_factor", "> 0")
+        need(1 <= self.insert_candidates <= 1024, "insert_candidates", "1..1024")
+        need(isinstance(self.rebalance, bool), "rebalance", "True or False")
+        need(0 <= self.merge_fraction < 0.5, "merge_fraction", "in [0, 0.5)")
+        need(0 < self.gc_fraction <= 1, "gc_fraction", "in (0, 1]")
+        need(0 <= self.reassign_neighbors <= 1024, "reassign_neighbors", "0..1024")
+        need(self.split_balance >= 0, "split_balance", ">= 0")
+        need(1 <= self.rebalance_batch <= 65536, "rebalance_batch", "1..65536")
+        need(self.checkpoint_every >= 1, "checkpoint_every", ">= 1")
         need(4 <= self.graph_degree <= 256, "graph_degree", "4..256")
         need(self.graph_build_ef >= self.graph_degree, "graph_build_ef", ">= graph_degree")
         need(self.graph_alpha >= 1.0, "graph_alpha", ">= 1.0")

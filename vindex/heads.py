@@ -6,6 +6,7 @@ replaced when they grow, so concurrent searches keep working on the arrays they 
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -56,6 +57,16 @@ def scratch() -> _Scratch:
     return _scratch
 
 
+class _Arrays(NamedTuple):
+    """One generation of the graph arrays. Searches take the whole tuple at once, so a node
+    id read from ``nbrs`` always indexes the ``vectors`` of the same generation, even while a
+    writer swaps in grown arrays."""
+
+    vectors: np.ndarray  # (capacity, dim) float32
+    nbrs: np.ndarray     # (capacity, degree) int32, -1 padded
+    alive: np.ndarray    # (capacity,) bool
+
+
 class HeadGraph:
     """Head vectors, liveness and the navigation graph."""
 
@@ -64,17 +75,33 @@ class HeadGraph:
         self.dim = dim
         self.alpha2 = float(alpha) ** 2  # graph geometry is squared L2
         self.n_entries = n_entries
-        self.vectors = np.zeros((capacity, dim), dtype=np.float32)
-        self.nbrs = np.full((capacity, degree), -1, dtype=np.int32)
-        self.alive = np.zeros(capacity, dtype=np.bool_)
+        self.arrays_ = _Arrays(np.zeros((capacity, dim), dtype=np.float32),
+                               np.full((capacity, degree), -1, dtype=np.int32),
+                               np.zeros(capacity, dtype=np.bool_))
         self.entries = np.zeros(0, dtype=np.int32)
         self.n = 0  # high-water mark of pids
         self.n_alive = 0
-        self._norms: tuple | None = None
+
+    # writers (serialised) use these; searches take ``arrays_`` once
+    @property
+    def vectors(self) -> np.ndarray:
+        return self.arrays_.vectors
+
+    @property
+    def nbrs(self) -> np.ndarray:
+        return self.arrays_.nbrs
+
+    @property
+    def alive(self) -> np.ndarray:
+        return self.arrays_.alive
+
+    def publish_nbrs(self, nbrs: np.ndarray) -> None:
+        """Swap in adjacency computed on a copy (see ``rebalance``)."""
+        self.arrays_ = self.arrays_._replace(nbrs=nbrs)
 
     @property
     def capacity(self) -> int:
-        return self.vectors.shape[0]
+        return self.arrays_.vectors.shape[0]
 
     # --- search ---------------------------------------------------------------------------------
     def search(self, queries: np.ndarray, metric: int, m: int, eps: float, ef: int
@@ -87,9 +114,11 @@ class HeadGraph:
             ids.fill(-1)
             dists.fill(np.inf)
             return ids, dists, np.zeros(nq, dtype=np.int32)
+        arrays, n, entries = self.arrays_, self.n, self.entries
         if self.n_alive <= EXACT_MAX_HEADS:
-            return self._search_exact(queries, metric, m, eps, ids, dists)
-        vectors, nbrs, entries = self.vectors, self.nbrs, self.entries
+            return self._search_exact(arrays, queries, metric, m, eps, ids, dists)
+        vectors, nbrs = arrays.vectors, arrays.nbrs
+        entries = entries[entries < vectors.shape[0]]  # entries may be newer than ``arrays``
         s = scratch()
         visited, stamp0 = s.stamps(vectors.shape[0], nq)
         bd, bi, bx = s.beam_arrays(max(ef, m))
@@ -97,14 +126,19 @@ class HeadGraph:
                                     stamp0, bd, bi, bx, ids, dists)
         return ids, dists, counts
 
-    def _search_exact(self, queries: np.ndarray, metric: int, m: int, eps: float,
-                      ids: np.ndarray, dists: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        n = self.n
-        vectors, alive = self.vectors[:n], self.alive[:n]
+    def _search_exact(self, arrays: _Arrays, queries: np.ndarray, metric: int, m: int,
+                      eps: float, ids: np.ndarray, dists: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # One copy of the liveness flags fixes the head set for the whole batch. Writers make
+        # new heads alive before they retire old ones, so a copy taken in index order never
+        # misses both a split head and its children.
+        alive = arrays.alive.copy()
+        n = int(np.flatnonzero(alive)[-1]) + 1 if alive.any() else 0
+        vectors, alive = arrays.vectors[:n], alive[:n]
         if queries.shape[0] <= EXACT_KERNEL_MAX_QUERIES:  # BLAS call overheads dominate
             counts = native.graph.exact_search(queries, vectors, alive, metric, m, eps, ids, dists)
             return ids, dists, counts
-        norms = self._sqnorms()
+        norms = np.einsum("ij,ij->i", vectors, vectors)
         counts = np.empty(queries.shape[0], dtype=np.int32)
         for lo in range(0, queries.shape[0], EXACT_BLOCK):
             q = queries[lo:lo + EXACT_BLOCK]
@@ -117,17 +151,83 @@ class HeadGraph:
             else:
                 np.negative(d, out=d)
             counts[lo:lo + q.shape[0]] = native.heap.select_rows(d, alive, m, eps, ids[lo:lo + EXACT_BLOCK],
-                                                          dists[lo:lo + EXACT_BLOCK])
+                                                                 dists[lo:lo + EXACT_BLOCK])
         return ids, dists, counts
 
-    def _sqnorms(self) -> np.ndarray:
-        """Squared norms of the heads, cached until the heads change."""
-        cached = self._norms
-        if cached is None or cached[0] is not self.vectors or cached[1] != self.n:
-            n = self.n
-            cached = (self.vectors, n, np.einsum("ij,ij->i", self.vectors[:n], self.vectors[:n]))
-            self._norms = cached
-        return cached[2]
+    # --- mutation (callers serialise writers; searches keep running) ---------------------------
+    def free_pids(self, k: int, exclude: set[int] | None = None) -> np.ndarray:
+        """``k`` unused pids: dead heads first, then new ones. ``exclude``: dead heads whose
+        postings are not dropped yet."""
+        dead = np.flatnonzero(~self.alive[: self.n])
+        if exclude:
+            dead = dead[~np.isin(dead, np.fromiter(exclude, dtype=np.int64))]
+        dead = dead[:k]
+        fresh = np.arange(self.n, self.n + (k - dead.size))
+        return np.concatenate((dead, fresh)).astype(np.int64)
+
+    def _reserve(self, n: int) -> None:
+        cap = self.capacity
+        if n <= cap:
+            return
+        new_cap = max(n, 2 * cap)
+        vectors = np.zeros((new_cap, self.dim), dtype=np.float32)
+        vectors[:cap] = self.vectors
+        nbrs = np.full((new_cap, self.nbrs.shape[1]), -1, dtype=np.int32)
+        nbrs[:cap] = self.nbrs
+        alive = np.zeros(new_cap, dtype=np.bool_)
+        alive[:cap] = self.alive
+        # a search holding the old generation keeps a consistent (older) graph
+        self.arrays_ = _Arrays(vectors, nbrs, alive)
+
+    def insert(self, pids: np.ndarray, vectors: np.ndarray, build_ef: int) -> np.ndarray:
+        """Add heads ``pids`` with ``vectors`` and link them; returns the rows it wrote."""
+        pids = np.asarray(pids, dtype=np.int32)
+        self._reserve(int(pids.max()) + 1)
+        self.vectors[pids] = vectors
+        touched = np.zeros(self.capacity, dtype=np.uint8)
+        touched[pids] = 1
+        self.n = max(self.n, int(pids.max()) + 1)
+        self.nbrs[pids] = -1
+        entries, link = self.entries, pids
+        if entries.size == 0:  # an empty graph: the first new head is the way in
+            entries, link = pids[:1], pids[1:]
+        if link.size:
+            s = scratch()
+            visited, stamp0 = s.stamps(self.capacity, link.size)
+            ef = max(build_ef, self.nbrs.shape[1])
+            bd, bi, bx = np.empty(ef, np.float32), np.empty(ef, np.int32), np.empty(ef, np.bool_)
+            native.graph.insert_nodes(link, self.vectors, self.nbrs, entries, self.alpha2,
+                                      visited, stamp0, bd, bi, bx, touched)
+        self.alive[pids] = True
+        self.n_alive = int(self.alive[: self.n].sum())
+        self._refresh_entries(pids)
+        return np.flatnonzero(touched)
+
+    def _refresh_entries(self, fresh: np.ndarray) -> None:
+        """Keep ``n_entries`` alive entry points: drop dead ones, top up from ``fresh`` heads,
+        then from any alive heads."""
+        keep = self.entries[self.alive[self.entries]] if self.entries.size else self.entries
+        want = min(self.n_entries, self.n_alive)
+        if keep.size < want:
+            pool = np.concatenate((np.asarray(fresh, np.int64), np.flatnonzero(self.alive[: self.n])))
+            pool = pool[~np.isin(pool, keep)]
+            _, first = np.unique(pool, return_index=True)
+            pool = pool[np.sort(first)]
+            keep = np.concatenate((keep, pool[: want - keep.size]))
+        self.entries = np.ascontiguousarray(keep, dtype=np.int32)
+
+    def set_state(self, pids: np.ndarray, vectors: np.ndarray, alive: np.ndarray,
+                  rows: np.ndarray, row_values: np.ndarray, entries: np.ndarray) -> None:
+        """Replay: heads ``pids`` get ``vectors`` and liveness ``alive``; graph rows ``rows``
+        get ``row_values``; entry points become ``entries``."""
+        top = max(int(pids.max()) + 1 if pids.size else 0, int(rows.max()) + 1 if rows.size else 0)
+        self._reserve(top)
+        self.vectors[pids] = vectors
+        self.alive[pids] = alive
+        self.nbrs[rows] = row_values
+        self.n = max(self.n, top)
+        self.n_alive = int(self.alive[: self.n].sum())
+        self.entries = np.ascontiguousarray(entries, dtype=np.int32)
 
     # --- bulk construction ----------------------------------------------------------------------
     @classmethod
@@ -160,13 +260,12 @@ class HeadGraph:
         g.dim = dim
         g.alpha2 = float(alpha) ** 2
         g.n_entries = int(arrays["head_entries"].shape[0])
-        g.vectors = np.require(vectors, np.float32, ["C", "W"])
-        g.nbrs = np.require(nbrs, np.int32, ["C", "W"])
-        g.alive = np.require(arrays["head_alive"], np.bool_, ["C", "W"])
+        g.arrays_ = _Arrays(np.require(vectors, np.float32, ["C", "W"]),
+                            np.require(nbrs, np.int32, ["C", "W"]),
+                            np.require(arrays["head_alive"], np.bool_, ["C", "W"]))
         g.entries = np.require(arrays["head_entries"], np.int32, ["C", "W"])
         g.n = n
         g.n_alive = int(g.alive.sum())
-        g._norms = None
         return g
 
 

@@ -3,23 +3,28 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 
-import native
-
-from . import checkpoint, layout, oplog, validation
+from . import checkpoint, layout, oplog, validation, writes
 from .build import build_postings
 from .config import IndexConfig, check_metric, record_bytes
-from .errors import CorruptionError, DuplicateIdError, IndexClosedError, InvalidInputError, preview
+from .engine import Engine
+from .errors import CorruptionError, DuplicateIdError, IndexClosedError, preview
 from .heads import METRIC_CODES, HeadGraph
-from .idmap import DELETED, IdMap
+from .idmap import IdMap
 from .progress import enabled
+from .rebalance import Rebalancer
 from .search import search as run_search
-from .storage import Change, IOClass, PostingStore, open_store, records
+from .state import State
+from .storage import Change, IOClass, open_store, records
+
+#: Attempts of an optimistic ``get`` before it reads under the writers' lock.
+GET_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -60,26 +65,46 @@ class _Threads:
         faiss.omp_set_num_threads(self._faiss)
 
 
+def _shutdown(rebalancer: Rebalancer, pool: ThreadPoolExecutor, store) -> None:
+    """Stop the background work and release the store (``close`` or garbage collection)."""
+    rebalancer.close()
+    pool.shutdown(wait=True)
+    store.close()
+
+
 class Index:
     """An updatable, disk-resident approximate nearest-neighbour index.
 
     Create one with :meth:`build` (bulk), :meth:`create` (empty) or :meth:`open` (existing).
-    Searches may run from many threads at once; writes are serialised.
+    Searches may run from many threads at once and never wait for writers or for background
+    rebalancing; writes are serialised.
     """
 
-    def __init__(self, path: str, manifest: layout.Manifest, store: PostingStore, idmap: IdMap,
-                 graph: HeadGraph, seq: int, build_stats: dict | None = None):
-        self._path = path
-        self._manifest = manifest
-        self._store = store
-        self._idmap = idmap
-        self._graph = graph
-        self._metric_code = METRIC_CODES[manifest.metric]
-        self._write_lock = threading.RLock()
+    def __init__(self, engine: Engine):
+        self._engine = engine
+        self._metric_code = METRIC_CODES[engine.manifest.metric]
         self._closed = False
-        self._seq = seq            # last applied log sequence number
-        self._checkpoint_seq = seq  # log covered by the newest checkpoint
-        self._build_stats = build_stats or {}
+        cfg = engine.config
+        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="vindex-insert")
+        self._rebalancer = Rebalancer(engine, enabled=cfg.rebalance)
+        self._finalizer = weakref.finalize(self, _shutdown, self._rebalancer, self._pool, engine.store)
+        # postings left over their limit or full of garbage by an earlier process
+        g = engine.state.graph
+        self._drop_orphans()
+        if g.n:
+            alive = np.flatnonzero(g.alive[: g.n])
+            lengths = engine.lengths(alive)
+            heavy = engine.state.garbage[alive] >= np.maximum(1, cfg.gc_fraction * lengths)
+            self._rebalancer.notify(alive[(lengths > engine.limit) | heavy])
+
+    def _drop_orphans(self) -> None:
+        """Postings of removed heads whose deferred drop a crash cut short (no search runs yet)."""
+        eng = self._engine
+        g = eng.state.graph
+        dead = np.flatnonzero(~g.alive[: g.n])
+        orphans = dead[eng.lengths(dead) > 0]
+        if orphans.size:
+            eng.store.commit(Change(drops=[int(p) for p in orphans]), IOClass.BACKGROUND)
 
     # --- construction -------------------------------------------------------------------------
     @classmethod
@@ -108,19 +133,19 @@ class Index:
             idmap = IdMap(capacity=max(16, x.shape[0]))
             stats: dict = {}
             if x.shape[0]:
-                show = enabled(progress)
                 with _Threads(cfg.build_threads):
-                    built = build_postings(x, np.arange(x.shape[0], dtype=np.int64), cfg, show)
+                    built = build_postings(x, np.arange(x.shape[0], dtype=np.int64), cfg, enabled(progress))
                 store.bulk_load(built.pids, built.records, built.offsets)
                 idmap.allocate(exts)
+                idmap.home[: x.shape[0]] = built.home
                 graph, stats = built.graph, built.stats
             else:
-                graph = _empty_graph(dim, cfg)
-            index = cls(path, manifest, store, idmap, graph, seq=0, build_stats=stats)
-            index._save_checkpoint()
+                graph = HeadGraph(dim, cfg.graph_degree, cfg.graph_alpha, cfg.graph_entries)
+            engine = Engine(path, manifest, store, State(idmap, graph), seq=0, build_stats=stats)
+            engine.save_checkpoint()
             if cfg.store != "memory":
                 layout.write(path, manifest)
-            return index
+            return cls(engine)
         except BaseException:
             if store is not None:
                 store.close()
@@ -140,7 +165,8 @@ class Index:
 
     @classmethod
     def open(cls, path: str | os.PathLike, **runtime: Any) -> "Index":
-        """Open an existing index. ``runtime`` may change runtime settings such as ``cache_bytes``."""
+        """Open an existing index. ``runtime`` may change runtime settings such as
+        ``cache_bytes`` or ``rebalance``."""
         path = os.fspath(path)
         manifest = layout.read(path, runtime)
         cfg = manifest.config
@@ -151,14 +177,16 @@ class Index:
             if seq is None:
                 raise CorruptionError(f"{path}: index has no checkpoint")
             arrays, stats = checkpoint.load(path, seq)
-            idmap = IdMap.from_arrays(arrays["vid2ext"], arrays["versions"], arrays.get("id_table"))
             graph = (HeadGraph.from_arrays(arrays, cfg.graph_alpha) if arrays["head_vectors"].shape[0]
-                     else _empty_graph(manifest.dim, cfg))
-            index = cls(path, manifest, store, idmap, graph, seq=seq, build_stats=stats)
+                     else HeadGraph(manifest.dim, cfg.graph_degree, cfg.graph_alpha, cfg.graph_entries))
+            state = State(IdMap.from_arrays(arrays), graph, arrays.get("garbage"))
+            engine = Engine(path, manifest, store, state, seq=seq, build_stats=stats)
             for log_seq, data in store.log_since(seq):
-                index._apply(oplog.decode(data))
-                index._seq = log_seq
-            return index
+                rec = oplog.decode(data)
+                state.apply(rec)
+                engine.seq = log_seq
+                engine.ops_since_checkpoint += 1
+            return cls(engine)
         except BaseException:
             store.close()
             raise
@@ -166,26 +194,26 @@ class Index:
     # --- properties ---------------------------------------------------------------------------
     @property
     def dim(self) -> int:
-        return self._manifest.dim
+        return self._engine.dim
 
     @property
     def metric(self) -> str:
-        return self._manifest.metric
+        return self._engine.manifest.metric
 
     @property
     def config(self) -> IndexConfig:
-        return self._manifest.config
+        return self._engine.config
 
     @property
     def path(self) -> str:
-        return self._path
+        return self._engine.path
 
     def __len__(self) -> int:
-        return self._idmap.n_live
+        return self._engine.state.idmap.n_live
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self)} vectors"
-        return f"vindex.Index({self._path!r}, dim={self.dim}, metric={self.metric!r}, {state})"
+        return f"vindex.Index({self.path!r}, dim={self.dim}, metric={self.metric!r}, {state})"
 
     # --- search -------------------------------------------------------------------------------
     def search(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
@@ -203,161 +231,204 @@ class Index:
         m = cfg.max_postings if max_postings is None else validation.positive_int(max_postings, "max_postings", upper=4096)
         e = cfg.search_eps if eps is None else _eps(eps)
         beam = cfg.ef_for(m) if ef is None else validation.positive_int(ef, "ef", upper=65536)
-        q = validation.vectors(queries, self.dim, what="queries")
-        if self.metric == "cosine":
-            q = validation.unit_rows(q, what="queries")
+        q = self._vectors(queries, "queries")
         if q.shape[0] == 0:
             return SearchResult(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32))
-        ids, dists = run_search(q, k, graph=self._graph, idmap=self._idmap, store=self._store,
-                                metric=self._metric_code, max_postings=m, eps=e, ef=max(beam, m))
+        eng = self._engine
+        with eng.readers.search():  # postings this search may still read stay in the store
+            ids, dists = run_search(q, k, graph=eng.state.graph, idmap=eng.state.idmap, store=eng.store,
+                                    readers=eng.readers, metric=self._metric_code, max_postings=m,
+                                    eps=e, ef=max(beam, m))
         if self.metric == "cosine":
             dists = dists * np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors
         return SearchResult(ids, dists)
 
-    # --- updates ------------------------------------------------------------------------------
-    def add(self, ids: Any, vectors: Any) -> None:
-        """Insert new vectors under ``ids``.
+    def _vectors(self, x: Any, what: str) -> np.ndarray:
+        v = validation.vectors(x, self.dim, what=what)
+        return validation.unit_rows(v, what=what) if self.metric == "cosine" and v.shape[0] else v
 
-        Raises :class:`DuplicateIdError` naming any id already in the index; nothing is written
-        then. Returns once the vectors are durable and visible to searches.
-        """
+    # --- updates ------------------------------------------------------------------------------
+    def upsert(self, ids: Any, vectors: Any) -> None:
+        """Insert ``ids`` or replace their vectors. Returns once the change is durable and
+        visible: a search that starts afterwards never sees a replaced vector."""
+        self._write(ids, vectors, replace=True)
+
+    def add(self, ids: Any, vectors: Any) -> None:
+        """Insert new ids. Raises :class:`DuplicateIdError` naming ids already in the index;
+        nothing is written then. Ids deleted earlier may be added again."""
+        self._write(ids, vectors, replace=False)
+
+    def _write(self, ids: Any, vectors: Any, *, replace: bool) -> None:
         self._check_open()
         exts = validation.ids(ids)
-        x = validation.vectors(vectors, self.dim)
+        x = self._vectors(vectors, "vectors")
         validation.same_length(exts, x)
         if exts.size == 0:
             return
-        if self.metric == "cosine":
-            x = validation.unit_rows(x, what="vectors")
-        with self._write_lock:
+        eng = self._engine
+        with eng.lock:
             self._check_open()
-            live = self._idmap.live_vids(exts)
-            if (live >= 0).any():
-                dup = exts[live >= 0]
-                raise DuplicateIdError(f"ids already in the index: {preview(dup)}", dup)
-            if (self._idmap.lookup(exts) >= 0).any():
-                raise InvalidInputError("re-adding deleted ids needs upsert (not yet supported)")
-            first = self._idmap.n_vids
-            vids = np.arange(first, first + exts.size, dtype=np.int64)
-            if self._graph.n_alive == 0:
-                rec, change = self._bootstrap(x, exts, vids)
-            else:
-                rec, change = self._append(x, exts, vids)
-            change.log = oplog.encode(rec)
-            self._seq = self._store.commit(change, IOClass.UPDATE)
-            self._apply(rec)
+            if not replace:
+                live = eng.state.idmap.live_vids(exts) >= 0
+                if live.any():
+                    raise DuplicateIdError(f"ids already in the index: {preview(exts[live])}", exts[live])
+            old_homes = self._homes_of(exts)
+            rec, change = writes.plan_upsert(eng.state, exts, x, self.config, self._pool)
+            eng.commit(change, rec, IOClass.UPDATE)
+            written = np.asarray(list(change.appends) + list(change.replaces), dtype=np.int64)
+            self._after_write(written, old_homes)
 
-    def _append(self, x: np.ndarray, exts: np.ndarray, vids: np.ndarray) -> tuple[oplog.Record, Change]:
-        cfg = self.config
-        g = self._graph
-        n_cand = min(cfg.replica_candidates, g.n_alive)
-        cand, cand_d, _ = g.search(x, native.L2, n_cand, np.inf, cfg.ef_for(n_cand))
-        reps = np.empty((x.shape[0], cfg.max_replicas), dtype=np.int32)
-        reps_d = np.empty((x.shape[0], cfg.max_replicas), dtype=np.float32)
-        counts = native.replicas.select(cand, cand_d, g.vectors, cfg.replica_eps, cfg.rng_factor, reps, reps_d)
-        rows = np.repeat(np.arange(x.shape[0]), counts)
-        heads = reps[reps >= 0]  # row-major, so aligned with ``rows``
-        order = np.argsort(heads, kind="stable")
-        heads, rows = heads[order], rows[order]
-        recs = records.encode(vids[rows], np.zeros(rows.size, np.uint32), x[rows])
-        bounds = np.flatnonzero(np.diff(heads)) + 1
-        starts = np.concatenate(([0], bounds))
-        ends = np.concatenate((bounds, [heads.size]))
-        appends = {int(heads[a]): recs[a:b].tobytes() for a, b in zip(starts, ends)}
-        rec = oplog.Record(oplog.ADD, {"exts": exts}, {"first_vid": int(vids[0])})
-        return rec, Change(appends=appends)
+    def delete(self, ids: Any) -> int:
+        """Delete ``ids``; returns how many were live. Unknown or already deleted ids are
+        ignored. Returns once durable: no search that starts afterwards returns them."""
+        self._check_open()
+        exts = validation.ids(ids)
+        eng = self._engine
+        with eng.lock:
+            self._check_open()
+            rec = writes.plan_delete(eng.state, exts)
+            if rec is None:
+                return 0
+            old_homes = self._homes_of(exts)
+            eng.commit(Change(), rec, IOClass.UPDATE)
+            self._after_write(np.zeros(0, np.int64), old_homes)
+            return int(rec.arrays["d_vids"].shape[0])
 
-    def _bootstrap(self, x: np.ndarray, exts: np.ndarray, vids: np.ndarray) -> tuple[oplog.Record, Change]:
-        """First vectors of an empty index: cluster them into the first heads."""
-        built = build_postings(x, vids, self.config, show=False)
-        replaces = {int(p): built.records[built.offsets[i]:built.offsets[i + 1]].tobytes()
-                    for i, p in enumerate(built.pids)}
-        arrays = {"exts": exts, **built.graph.arrays()}
-        rec = oplog.Record(oplog.BOOTSTRAP, arrays, {"first_vid": int(vids[0])})
-        return rec, Change(replaces=replaces)
+    def _homes_of(self, exts: np.ndarray) -> np.ndarray:
+        vids = self._engine.state.idmap.live_vids(exts)
+        homes = self._engine.state.idmap.home[vids[vids >= 0]]
+        return np.unique(homes[homes >= 0]).astype(np.int64)
 
-    def _apply(self, rec: oplog.Record) -> None:
-        """Apply a committed log record to the in-memory state (live and at replay)."""
-        if rec.type == oplog.BOOTSTRAP:
-            self._graph = HeadGraph.from_arrays(rec.arrays, self.config.graph_alpha)
-        elif rec.type != oplog.ADD:
-            raise CorruptionError(f"unknown operation log record type {rec.type!r}")
-        exts = np.ascontiguousarray(rec.arrays["exts"], dtype=np.int64)
-        if self._idmap.n_vids != rec.meta["first_vid"]:
-            raise CorruptionError(
-                f"operation log out of step: expected first vid {self._idmap.n_vids}, got {rec.meta['first_vid']}")
-        self._idmap.allocate(exts)
+    def _after_write(self, written: np.ndarray, old_homes: np.ndarray) -> None:
+        """Queue postings a write pushed over their limit or filled with garbage."""
+        eng = self._engine
+        work = []
+        if written.size:
+            work.append(written[eng.lengths(written) > eng.limit])
+        if old_homes.size:
+            garbage = eng.state.garbage[old_homes]
+            work.append(old_homes[garbage >= np.maximum(1, self.config.gc_fraction * eng.lengths(old_homes))])
+        if work:
+            self._rebalancer.notify(np.concatenate(work))
+        if eng.checkpoint_due():
+            self._rebalancer.poke()
+
+    def get(self, ids: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Stored vectors of ``ids``: ``(vectors (n, dim) float32, found (n,) bool)``; rows of
+        ids not found are zero. Cosine indexes store (and return) unit vectors."""
+        self._check_open()
+        exts = validation.ids(ids)
+        for _ in range(GET_RETRIES):
+            out = self._get(exts)
+            if out is not None:
+                return out
+        with self._engine.lock:  # the copies moved under us each time: read with writers held off
+            out = self._get(exts)
+        if out is None:
+            raise CorruptionError("a live vector is missing from its home posting")
+        return out
+
+    def _get(self, exts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        eng = self._engine
+        idm = eng.state.idmap
+        with eng.readers.search(), eng.readers.reading():
+            vids = idm.live_vids(exts)
+            found = vids >= 0
+            out = np.zeros((exts.shape[0], self.dim), dtype=np.float32)
+            if not found.any():
+                return out, found
+            want = vids[found]
+            want_versions = idm.versions[want]
+            homes = np.unique(idm.home[want]).astype(np.int64)
+            batch = eng.store.read(homes, IOClass.INTERACTIVE)
+            recs_f, recs_u = records.view(batch.data, self.dim)
+        order = np.argsort(want)
+        pos = np.searchsorted(want[order], recs_u[:, 0])
+        pos = np.minimum(pos, want.shape[0] - 1)
+        hit = (want[order][pos] == recs_u[:, 0]) & (want_versions[order][pos] == recs_u[:, 1])
+        rows = np.full(want.shape[0], -1, dtype=np.int64)
+        rows[order[pos[hit]]] = np.flatnonzero(hit)
+        if (rows < 0).any():
+            return None
+        out[found] = recs_f[rows, records.HEADER_WORDS:]
+        return out, found
 
     # --- maintenance --------------------------------------------------------------------------
-    def stats(self) -> dict:
-        """Counters describing the index (sizes, postings, store)."""
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until background rebalancing has nothing queued or running; False if
+        ``timeout`` seconds pass first. Re-raises a background failure."""
         self._check_open()
-        g = self._graph
-        limit = self.config.posting_limit(self.dim)
-        stored = self._store.lengths()[: g.n]
-        lengths = np.zeros(g.n, dtype=np.int64)
-        lengths[: stored.shape[0]] = stored  # heads never written to have empty postings
-        live_heads = lengths[g.alive[: g.n]]
+        return self._rebalancer.wait_idle(timeout)
+
+    def stats(self) -> dict:
+        """Counters describing the index: sizes, postings, rebalancing, store."""
+        self._check_open()
+        eng = self._engine
+        g, idm = eng.state.graph, eng.state.idmap
+        limit = eng.limit
+        alive = np.flatnonzero(g.alive[: g.n])
+        lengths = eng.lengths(alive)
         hist_edges = np.linspace(0, 2 * limit, 9).astype(np.int64)
-        hist, _ = np.histogram(live_heads, bins=np.append(hist_edges, np.iinfo(np.int64).max))
-        versions = self._idmap.versions[: self._idmap.n_vids]
+        hist, _ = np.histogram(lengths, bins=np.append(hist_edges, np.iinfo(np.int64).max))
+        bg = dict(self._rebalancer.counters)
         return {
             "dim": self.dim,
             "metric": self.metric,
             "live": len(self),
-            "vids": self._idmap.n_vids,
-            "deleted": int(((versions & DELETED) != 0).sum()),
+            "tombstones": idm.n_deleted,
+            "retired_vids": idm.n_retired,
+            "vids": idm.n_vids,
             "heads": g.n_alive,
+            "postings": int((lengths > 0).sum()),
             "posting_limit": limit,
-            "posting_entries": int(live_heads.sum()),
-            "posting_mean": float(live_heads.mean()) if live_heads.size else 0.0,
-            "posting_max": int(live_heads.max()) if live_heads.size else 0,
-            "postings_over_limit": int((live_heads > limit).sum()),
+            "posting_entries": int(lengths.sum()),
+            "posting_mean": float(lengths.mean()) if lengths.size else 0.0,
+            "posting_max": int(lengths.max()) if lengths.size else 0,
+            "postings_over_limit": int((lengths > limit).sum()),
             "posting_histogram": {"edges": hist_edges.tolist(), "counts": hist.tolist()},
-            "replicas_mean": float(live_heads.sum() / max(1, self._idmap.n_vids)),
-            "log_seq": self._seq,
-            "checkpoint_seq": self._checkpoint_seq,
+            "replicas_mean": float(lengths.sum() / max(1, len(self))),
+            "rebalance": self.config.rebalance,
+            "splits": bg["splits"], "merges": bg["merges"], "reassigns": bg["reassigns"],
+            "gc": bg["gc"], "drops": bg["drops"], "background_rounds": bg["rounds"],
+            "background_errors": bg["errors"], "background_queue": self._rebalancer.depth,
+            "log_seq": eng.seq,
+            "checkpoint_seq": eng.checkpoint_seq,
             "memory_bytes": self._memory_bytes(),
-            "build": dict(self._build_stats),
-            "store": self._store.stats(),
+            "build": dict(eng.build_stats),
+            "store": eng.store.stats(),
         }
 
     def _memory_bytes(self) -> int:
-        g, m = self._graph, self._idmap
+        st = self._engine.state
+        g, m = st.graph, st.idmap
         return int(g.vectors.nbytes + g.nbrs.nbytes + g.alive.nbytes + m.vid2ext.nbytes
-                   + m.versions.nbytes + m.table.nbytes)
+                   + m.versions.nbytes + m.home.nbytes + m.table.nbytes + st.garbage.nbytes)
 
     def checkpoint(self) -> None:
         """Save the in-memory state so reopening replays no log."""
         self._check_open()
-        with self._write_lock:
-            self._save_checkpoint()
-
-    def _save_checkpoint(self) -> None:
-        if self.config.store == "memory":
-            return
-        self._store.sync()
-        arrays = {**self._idmap.arrays(), **self._graph.arrays()}
-        checkpoint.save(self._path, self._seq, arrays, self._build_stats)
-        self._store.truncate_log(self._seq)
-        checkpoint.prune(self._path, self._seq)
-        self._checkpoint_seq = self._seq
+        with self._engine.lock:
+            self._engine.save_checkpoint()
 
     def close(self) -> None:
-        """Checkpoint if needed and release the store. Safe to call twice."""
-        with self._write_lock:
+        """Stop background work, checkpoint if needed and release the store. Safe to call
+        twice. Queued rebalancing resumes when the index is opened again."""
+        eng = self._engine
+        with eng.lock:
             if self._closed:
                 return
-            try:
-                if self._seq != self._checkpoint_seq:
-                    self._save_checkpoint()
-            finally:
-                self._closed = True
-                self._store.close()
+            self._closed = True
+        self._rebalancer.close()
+        try:
+            with eng.lock:
+                if eng.seq != eng.checkpoint_seq:
+                    eng.save_checkpoint()
+        finally:
+            self._finalizer()
 
     def _check_open(self) -> None:
         if self._closed:
-            raise IndexClosedError(f"index {self._path!r} is closed")
+            raise IndexClosedError(f"index {self.path!r} is closed")
 
     def __enter__(self) -> "Index":
         return self
@@ -366,12 +437,9 @@ class Index:
         self.close()
 
 
-def _empty_graph(dim: int, cfg: IndexConfig) -> HeadGraph:
-    return HeadGraph(dim, cfg.graph_degree, cfg.graph_alpha, cfg.graph_entries)
-
-
 def _eps(value: Any) -> float:
     if isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and value == np.inf:
         return float("inf")
     return validation.non_negative_float(value, "eps")
+
 

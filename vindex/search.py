@@ -12,6 +12,7 @@ import native
 
 from .heads import HeadGraph, scratch
 from .idmap import IdMap
+from .readers import Readers
 from .storage import IOClass, PostingStore, records
 
 #: Postings per store read; bounds the bytes held at once (~25 KB each by default).
@@ -19,7 +20,7 @@ READ_CHUNK = 2048
 
 
 def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store: PostingStore,
-           metric: int, max_postings: int, eps: float, ef: int,
+           readers: Readers, metric: int, max_postings: int, eps: float, ef: int,
            io: IOClass = IOClass.INTERACTIVE) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` ``(ext ids (nq, k) int64, internal distances (nq, k) float32)``, padded."""
     nq, dim = queries.shape
@@ -28,14 +29,14 @@ def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store
     sizes = np.zeros(nq, dtype=np.int32)
     head_ids, _, counts = graph.search(queries, metric, max_postings, eps, ef)
     pids, q_ptr, q_idx = native.scan.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
-    # Snapshot the map arrays once: entries written after this search began are not yet
-    # acknowledged, and a writer growing the map swaps in new arrays without touching these.
-    versions, vid2ext = idmap.versions, idmap.vid2ext
     for lo in range(0, pids.shape[0], READ_CHUNK):
         hi = min(lo + READ_CHUNK, pids.shape[0])
-        batch = store.read(pids[lo:hi], io)
-        recs_f, recs_u = records.view(batch.data, dim)
-        live = native.scan.live_mask(recs_u, versions)
+        with readers.reading():  # versions checked against the same state the read saw
+            batch = store.read(pids[lo:hi], io)
+            # map arrays change only under the exclusive side of this section
+            versions, vid2ext = idmap.versions, idmap.vid2ext
+            recs_f, recs_u = records.view(batch.data, dim)
+            live = native.scan.live_mask(recs_u, versions)
         native.scan.scan_grouped(recs_f, recs_u, live, batch.offsets, q_ptr[lo:hi + 1], q_idx, queries,
                           vid2ext, metric, heap_d, heap_i, sizes)
     native.scan.finish(heap_d, heap_i, sizes)

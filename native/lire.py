@@ -1,0 +1,97 @@
+"""Rebalancing kernels (SPFresh's LIRE): garbage collection, split planning and the two
+reassignment conditions. Pure functions over posting records (see ``scan`` for the layout).
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from .distances import FASTMATH, l2sq
+from .kmeans import balanced_kmeans
+
+_q = dict(cache=True, nogil=True, fastmath=FASTMATH)
+
+HEADER = 2  # record header words (vid, version)
+
+
+@nb.njit(**_q)
+def live_dedupe(recs_u, offsets, versions, seen):
+    """Per record: live (its version is the vid's current one) and the first copy of its vid
+    within its posting. ``seen`` is int64 scratch, one slot per vid, all -1 on entry and
+    restored to -1 on exit. Returns ``(keep (E,), live count per posting)``."""
+    n_post = offsets.shape[0] - 1
+    keep = np.zeros(recs_u.shape[0], dtype=np.bool_)
+    n_live = np.zeros(n_post, dtype=np.int64)
+    nv = versions.shape[0]
+    for p in range(n_post):
+        for e in range(offsets[p], offsets[p + 1]):
+            vid = recs_u[e, 0]
+            if vid < nv and versions[vid] == recs_u[e, 1] and seen[vid] != p:
+                seen[vid] = p
+                keep[e] = True
+                n_live[p] += 1
+    for e in range(recs_u.shape[0]):
+        vid = recs_u[e, 0]
+        if vid < nv:
+            seen[vid] = -1
+    return keep, n_live
+
+
+@nb.njit(**_q)
+def split(recs_f, keep, offsets, ks, cent_off, iters, lam, labels, centroids):
+    """Balanced k-means over the kept records of every posting with ``ks[p] >= 2``; writes the
+    child label of each kept record into ``labels`` and the children's centres into
+    ``centroids[cent_off[p]:cent_off[p+1]]``."""
+    d = recs_f.shape[1] - HEADER
+    for p in range(offsets.shape[0] - 1):
+        k = ks[p]
+        if k < 2:
+            continue
+        idx = np.empty(offsets[p + 1] - offsets[p], dtype=np.int64)
+        n = 0
+        for e in range(offsets[p], offsets[p + 1]):
+            if keep[e]:
+                idx[n] = e
+                n += 1
+        x = np.empty((n, d), dtype=np.float32)
+        for i in range(n):
+            x[i] = recs_f[idx[i], HEADER:]
+        lab = np.empty(n, dtype=np.int64)
+        balanced_kmeans(x, k, iters, lam, lab, centroids[cent_off[p]:cent_off[p + 1]])
+        for i in range(n):
+            labels[idx[i]] = lab[i]
+
+
+@nb.njit(**_q)
+def reassign_candidates(recs_f, keep, offsets, centers, pair_post, pair_split, pair_child,
+                        old_centers, cent_off, new_centers):
+    """Records that may have lost their best posting to a split (SPFresh's two conditions).
+
+    Each pair ``t`` says: examine posting ``pair_post[t]`` (centre ``centers[pair_post[t]]``)
+    for split ``s = pair_split[t]`` (old centre ``old_centers[s]``, new centres
+    ``new_centers[cent_off[s]:cent_off[s+1]]``). ``pair_child[t]`` is True when the posting is
+    one of the split's children:
+      (a) a child record is a candidate iff ``D(v, A_old) < D(v, A_child)``;
+      (b) a neighbour record is a candidate unless ``D(v, A_old) <= min_i D(v, A_i)`` or
+          ``D(v, B) <= min_i D(v, A_i)``.
+    Returns a candidate mask over records."""
+    out = np.zeros(recs_f.shape[0], dtype=np.bool_)
+    for t in range(pair_post.shape[0]):
+        p = pair_post[t]
+        s = pair_split[t]
+        for e in range(offsets[p], offsets[p + 1]):
+            if not keep[e] or out[e]:
+                continue
+            v = recs_f[e, HEADER:]
+            d_old = l2sq(v, old_centers[s])
+            d_own = l2sq(v, centers[p])
+            if pair_child[t]:
+                out[e] = d_old < d_own
+                continue
+            d_new = np.inf
+            for c in range(cent_off[s], cent_off[s + 1]):
+                dc = l2sq(v, new_centers[c])
+                if dc < d_new:
+                    d_new = dc
+            out[e] = not (d_old <= d_new or d_own <= d_new)
+    return out

@@ -1,0 +1,69 @@
+"""The engine: store + in-memory state + the commit path shared by foreground writes and
+background rebalancing, and checkpoints."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import checkpoint, layout, oplog
+from .readers import Readers
+from .state import State
+from .storage import Change, IOClass, PostingStore
+
+
+def _ops(rec: oplog.Record) -> int:
+    """Vectors a record touches (checkpoint pacing)."""
+    a = rec.arrays
+    return sum(int(a[k].shape[0]) for k in ("u_vids", "d_vids", "r_vids", "m_vids") if k in a) or 1
+
+
+class Engine:
+    """Everything an index is made of, and the lock that serialises its writers."""
+
+    def __init__(self, path: str, manifest: layout.Manifest, store: PostingStore, state: State,
+                 seq: int, build_stats: dict | None = None):
+        self.path = path
+        self.manifest = manifest
+        self.config = manifest.config
+        self.dim = manifest.dim
+        self.store = store
+        self.state = state
+        self.lock = threading.RLock()
+        self.readers = Readers()
+        self.seq = seq                # last applied log sequence number
+        self.checkpoint_seq = seq     # log covered by the newest checkpoint
+        self.ops_since_checkpoint = 0
+        self.build_stats = build_stats or {}
+        self.limit = self.config.posting_limit(self.dim)
+
+    def commit(self, change: Change, rec: oplog.Record, io: IOClass, *, graph_done: bool = False) -> None:
+        """Write ``change`` with ``rec`` atomically, then apply ``rec``. Caller holds ``lock``."""
+        change.log = oplog.encode(rec)
+        self.seq = self.store.commit(change, io)
+        with self.readers.exclusive():  # no search is between reading postings and checking versions
+            self.state.apply(rec, graph_done=graph_done)
+        self.ops_since_checkpoint += _ops(rec)
+
+    def lengths(self, pids: np.ndarray) -> np.ndarray:
+        """Records per posting (0 for postings never written)."""
+        stored = self.store.lengths()
+        pids = np.asarray(pids, dtype=np.int64)
+        out = np.zeros(pids.shape[0], dtype=np.int64)
+        inside = pids < stored.shape[0]
+        out[inside] = stored[pids[inside]]
+        return out
+
+    def save_checkpoint(self) -> None:
+        """Save the state so reopening replays no log. Caller holds ``lock``."""
+        if self.config.store == "memory":
+            return
+        self.store.sync()
+        checkpoint.save(self.path, self.seq, self.state.arrays(), self.build_stats)
+        self.store.truncate_log(self.seq)
+        checkpoint.prune(self.path, self.seq)
+        self.checkpoint_seq = self.seq
+        self.ops_since_checkpoint = 0
+
+    def checkpoint_due(self) -> bool:
+        return self.ops_since_checkpoint >= self.config.checkpoint_every

@@ -1,0 +1,91 @@
+"""Coordination between searches and writers without making searches wait for rebalancing.
+
+Two mechanisms, both cheap for readers:
+
+* **Read sections.** A search reads postings and then checks each record's version against
+  the version map. A writer commits new copies to the store first and changes the version
+  map after; if that change could land between a search's read and its check, the search
+  would see neither the old copy (now stale) nor the new one (not read). So a search holds a
+  shared *read section* around read + check, and applying a committed record takes the
+  section exclusively for the few microseconds the in-memory update needs.
+* **Tickets.** A search that chose its postings before a split may read them after it. A
+  replaced posting therefore leaves the store only once every search that started before the
+  split has finished (``drained``).
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class Readers:
+    """Read sections and search tickets of one index."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._active: dict[int, None] = {}  # tickets of running searches, in start order
+        self._next = 0
+        self._reading = 0
+        self._writing = False
+
+    # --- tickets ------------------------------------------------------------------------------
+    def begin(self) -> int:
+        with self._lock:
+            t = self._next
+            self._next += 1
+            self._active[t] = None
+            return t
+
+    def end(self, ticket: int) -> None:
+        with self._lock:
+            self._active.pop(ticket, None)
+
+    def now(self) -> int:
+        """A ticket boundary: searches holding smaller tickets started before this call."""
+        with self._lock:
+            return self._next
+
+    def drained(self, boundary: int) -> bool:
+        """True once no search that started before ``boundary`` is still running."""
+        with self._lock:
+            return not self._active or next(iter(self._active)) >= boundary
+
+    @contextmanager
+    def search(self) -> Iterator[None]:
+        t = self.begin()
+        try:
+            yield
+        finally:
+            self.end(t)
+
+    # --- read sections ------------------------------------------------------------------------
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        with self._lock:
+            while self._writing:
+                self._cv.wait()
+            self._reading += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._reading -= 1
+                if self._reading == 0:
+                    self._cv.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._lock:
+            while self._writing:
+                self._cv.wait()
+            self._writing = True  # new read sections wait from here on
+            while self._reading:
+                self._cv.wait()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._writing = False
+                self._cv.notify_all()

@@ -1,0 +1,509 @@
+"""Background rebalancing (SPFresh's LIRE): split, merge, garbage-collect and reassign.
+
+One background thread runs rounds over the postings that need work: over their limit
+(split), mostly garbage (rewrite), nearly empty (merge into a neighbour), or empty (drop). A
+round reads its postings without any lock, plans in nogil kernels, and takes the writers'
+lock only to fold in records appended meanwhile, link the new heads, and commit one atomic
+batch. Searches never take the lock: new heads are linked before the commit (their postings
+are still empty), and the old heads leave the graph only after it.
+
+After a split, vectors near it may have lost their best posting; the two SPFresh conditions
+pick candidates in the split's children and in the ``reassign_neighbors`` postings around it,
+and each candidate whose current posting is no longer among its chosen replicas is copied to
+the chosen postings (a compare-and-set on its version skips vectors a user changed meanwhile).
+
+Unlike SPFresh, a reassignment keeps the vector's version: the new copies are valid at once
+and the old one is cut out of its posting later. Bumping the version instead would let a
+search that chose its postings before the move, and reads them after, see neither copy.
+Work that takes data away from searches already running (dropping the posting of a removed
+head, cutting out moved copies) waits in a deferred queue until those searches finish.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+
+import native
+
+from . import oplog
+from .engine import Engine
+from .storage import Change, IOClass, records
+from .writes import group_appends, select_replicas
+
+log = logging.getLogger("vindex.rebalance")
+
+#: Splits whose neighbourhoods are read together in one reassignment step (bounds memory).
+REASSIGN_GROUP = 16
+#: Pause after a failed round before retrying its postings.
+RETRY_PAUSE_S = 0.5
+#: How often deferred work is checked for searches that still hold it back.
+DEFERRED_POLL_S = 0.005
+
+
+class Rebalancer:
+    """The background worker of one index."""
+
+    def __init__(self, engine: Engine, enabled: bool):
+        self._engine = engine
+        self.enabled = enabled
+        self._pending: set[int] = set()
+        self._cv = threading.Condition()
+        self._busy = False
+        self._stop = False
+        self._error: BaseException | None = None
+        self._seen = np.full(16, -1, dtype=np.int64)
+        # (ticket boundary, postings to drop, {posting: vids to cut out}), run once every
+        # search that started before the boundary is done
+        self._deferred: list[tuple[int, list[int], dict[int, np.ndarray]]] = []
+        self._limbo_pids: set[int] = set()  # dropped heads whose postings still exist
+        self.counters = {"rounds": 0, "splits": 0, "merges": 0, "drops": 0, "gc": 0, "reassigns": 0,
+                         "reassign_checked": 0, "errors": 0, "checkpoints": 0}
+        self._thread = threading.Thread(target=self._run, name="vindex-background", daemon=True)
+        self._thread.start()
+
+    # --- control ------------------------------------------------------------------------------
+    def notify(self, pids) -> None:
+        """Queue postings for a look (split / merge / gc as they need)."""
+        if not self.enabled:
+            return
+        pids = [int(p) for p in np.atleast_1d(pids)]
+        if pids:
+            with self._cv:
+                self._pending.update(pids)
+                self._cv.notify_all()
+
+    def poke(self) -> None:
+        """Wake the worker (e.g. a checkpoint is due)."""
+        with self._cv:
+            self._cv.notify_all()
+
+    @property
+    def depth(self) -> int:
+        """Postings waiting, plus one while a round runs."""
+        with self._cv:
+            return len(self._pending) + int(self._busy) + len(self._deferred)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no work is queued or running; False on timeout. Re-raises a background
+        failure once."""
+        with self._cv:
+            idle = self._cv.wait_for(lambda: (not self._pending and not self._busy and not self._deferred)
+                                     or self._error is not None, timeout)
+            if self._error is not None:
+                err, self._error = self._error, None
+                raise err
+            return bool(idle)
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join()
+
+    # --- worker -------------------------------------------------------------------------------
+    def _run(self) -> None:
+        eng = self._engine
+        while True:
+            with self._cv:
+                # with deferred work, poll until the searches it waits for finish
+                self._cv.wait_for(lambda: self._stop or self._pending or eng.checkpoint_due(),
+                                  timeout=DEFERRED_POLL_S if self._deferred else None)
+                if self._stop:
+                    return
+                batch = sorted(self._pending)[: eng.config.rebalance_batch]
+                self._pending.difference_update(batch)
+                self._busy = True
+            try:
+                self._run_deferred()
+                if batch:
+                    self._round(np.asarray(batch, dtype=np.int64))
+                if eng.checkpoint_due():
+                    with eng.lock:
+                        eng.save_checkpoint()
+                    self.counters["checkpoints"] += 1
+            except BaseException as exc:  # keep the worker alive; report through wait_idle
+                log.exception("background round failed")
+                self.counters["errors"] += 1
+                with self._cv:
+                    self._error = exc
+                    self._pending.update(batch)
+                time.sleep(RETRY_PAUSE_S)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def _defer(self, drops: list[int], cuts: dict[int, np.ndarray]) -> None:
+        with self._cv:
+            self._deferred.append((self._engine.readers.now(), drops, cuts))
+            self._limbo_pids.update(drops)
+
+    def _forget_cuts(self, pids: list[int]) -> None:
+        """Pending cuts of removed heads no longer apply: their records moved on (and the
+        pid may be reused for a new posting, which must not lose records it holds)."""
+        gone = set(pids)
+        with self._cv:
+            for _, _, cuts in self._deferred:
+                for p in gone.intersection(cuts):
+                    del cuts[p]
+
+    def _run_deferred(self) -> None:
+        """Drop postings of removed heads and cut moved copies out of their old postings, for
+        the entries no running search can still depend on."""
+        eng = self._engine
+        with self._cv:
+            ready = [d for d in self._deferred if eng.readers.drained(d[0])]
+        if not ready:
+            return
+        drops = [p for _, group, _ in ready for p in group]
+        if drops:
+            eng.store.commit(Change(drops=drops), IOClass.BACKGROUND)
+        cuts: dict[int, list[np.ndarray]] = {}
+        for _, _, c in ready:
+            for pid, vids in c.items():
+                cuts.setdefault(pid, []).append(vids)
+        if cuts:
+            self._cut({p: np.unique(np.concatenate(v)) for p, v in cuts.items()})
+        with self._cv:
+            self._deferred = [d for d in self._deferred if not any(d is r for r in ready)]
+            self._limbo_pids.difference_update(drops)
+            self._cv.notify_all()
+
+    def _cut(self, cuts: dict[int, np.ndarray]) -> None:
+        """Rewrite postings without the copies of ``cuts[pid]`` (and without garbage)."""
+        eng = self._engine
+        g = eng.state.graph
+        pids = np.asarray(sorted(p for p in cuts if p < g.n and g.alive[p]), dtype=np.int64)
+        if pids.size == 0:
+            return
+        with eng.lock:
+            snap_len = eng.lengths(pids)
+            recs_f, recs_u, offsets, keep, _ = self._read(pids)
+        owner = np.repeat(np.arange(pids.size), np.diff(offsets))
+        for i, pid in enumerate(pids):
+            rows = np.flatnonzero(owner == i)
+            keep[rows[np.isin(recs_u[rows, 0], cuts[int(pid)])]] = False
+        with eng.lock:
+            now_len = eng.lengths(pids)
+            grown = now_len > snap_len
+            if grown.any():  # appended meanwhile: keep the new records as they are
+                b = eng.store.read(pids[grown], IOClass.BACKGROUND)
+                df, _ = records.view(np.array(b.data), eng.dim)
+            replaces, j = {}, 0
+            for i, pid in enumerate(pids):
+                kept = recs_f[offsets[i]:offsets[i + 1]][keep[offsets[i]:offsets[i + 1]]]
+                if grown[i]:
+                    kept = np.concatenate((kept, df[b.offsets[j] + snap_len[i]:b.offsets[j + 1]]))
+                    j += 1
+                replaces[int(pid)] = kept.tobytes()
+            rec = oplog.Record("cut", {"gc_pids": pids})
+            eng.commit(Change(replaces=replaces), rec, IOClass.BACKGROUND)
+
+    def _seen_scratch(self) -> np.ndarray:
+        n = self._engine.state.idmap.versions.shape[0]
+        if self._seen.shape[0] < n:
+            self._seen = np.full(max(n, 2 * self._seen.shape[0]), -1, dtype=np.int64)
+        return self._seen
+
+    def _read(self, pids: np.ndarray):
+        """Posting records (copied out of the per-thread read buffer) and their liveness.
+
+        Callers that drop records judged dead here hold the writers' lock: a foreground write
+        commits its records before it marks their vids live, and a read in between would take
+        new records for garbage."""
+        batch = self._engine.store.read(pids, IOClass.BACKGROUND)
+        recs_f, recs_u = records.view(np.array(batch.data), self._engine.dim)
+        keep, n_live = native.lire.live_dedupe(recs_u, batch.offsets, self._engine.state.idmap.versions,
+                                                self._seen_scratch())
+        return recs_f, recs_u, batch.offsets, keep, n_live
+
+    # --- one round ----------------------------------------------------------------------------
+    def _round(self, pids: np.ndarray) -> None:
+        eng, cfg = self._engine, self._engine.config
+        g = eng.state.graph
+        pids = pids[(pids < g.n) & g.alive[np.minimum(pids, g.capacity - 1)]]
+        if pids.size == 0:
+            return
+        self.counters["rounds"] += 1
+        limit = eng.limit
+        with eng.lock:  # a snapshot consistent with the version map (see ``_read``)
+            snap_len = eng.lengths(pids)
+            recs_f, recs_u, offsets, keep, n_live = self._read(pids)
+        target = max(2, int(limit * cfg.build_fill))
+        split = n_live > limit
+        ks = np.where(split, np.maximum(2, np.ceil(n_live / target)), 0).astype(np.int64)
+        many_heads = g.n_alive > 1
+        drop = (n_live == 0) & many_heads
+        merge = (n_live > 0) & (n_live < limit * cfg.merge_fraction) & many_heads & ~split
+        gc = ~split & ~drop & ~merge & (snap_len > n_live)
+        if not (split.any() or drop.any() or merge.any() or gc.any()):
+            return
+        cent_off = np.concatenate(([0], np.cumsum(ks)))
+        centroids = np.zeros((int(cent_off[-1]), eng.dim), dtype=np.float32)
+        labels = np.full(recs_f.shape[0], -1, dtype=np.int64)
+        native.lire.split(recs_f, keep, offsets, ks, cent_off, 8, float(cfg.split_balance), labels, centroids)
+        busy = set(pids[split | drop | merge].tolist())
+        targets = self._merge_targets(pids, merge, n_live, busy)
+        merge &= targets >= 0
+        gc |= (n_live > 0) & ~split & ~drop & ~merge & (snap_len > n_live)
+
+        with eng.lock:
+            plan = _Plan(eng, pids, recs_f, recs_u, offsets, keep, labels, split, ks, cent_off,
+                         centroids, drop, merge, targets, gc, snap_len, self._limbo_pids)
+            old_centers = g.vectors[pids[split]].copy()
+            plan.commit()
+            if plan.drops:  # searches that started before now may still read these postings
+                self._forget_cuts(plan.drops)
+                self._defer(list(plan.drops), {})
+        self.counters["splits"] += int(split.sum())
+        self.counters["merges"] += int(merge.sum())
+        self.counters["drops"] += int(drop.sum())
+        self.counters["gc"] += int(gc.sum())
+        self.notify(plan.followups())
+        if split.any() and cfg.reassign_neighbors > 0:
+            self._reassign_after_splits(old_centers, plan.children, centroids, cent_off[np.flatnonzero(split)],
+                                        ks[split])
+        if plan.merged_vids.size:
+            self._reassign_vids(plan.merged_vids, plan.merged_versions, plan.merged_vectors, plan.merged_to)
+
+    def _merge_targets(self, pids: np.ndarray, merge: np.ndarray, n_live: np.ndarray, busy: set) -> np.ndarray:
+        """For each posting to merge, the nearest other head with room (-1: none)."""
+        eng = self._engine
+        g = eng.state.graph
+        out = np.full(pids.shape[0], -1, dtype=np.int64)
+        idx = np.flatnonzero(merge)
+        if idx.size == 0:
+            return out
+        m = min(8, g.n_alive)
+        near, _, counts = g.search(g.vectors[pids[idx]], native.L2, m, np.inf, eng.config.ef_for(m))
+        taken: dict[int, int] = {}
+        for row, i in enumerate(idx):
+            for t in range(counts[row]):
+                b = int(near[row, t])
+                if b == pids[i] or b in busy:
+                    continue
+                room = eng.limit - int(eng.lengths(np.array([b]))[0]) - taken.get(b, 0)
+                if room >= n_live[i]:
+                    out[i] = b
+                    taken[b] = taken.get(b, 0) + int(n_live[i])
+                    break
+        return out
+
+    # --- reassignment -------------------------------------------------------------------------
+    def _reassign_after_splits(self, old_centers: np.ndarray, children: list[np.ndarray],
+                               centroids: np.ndarray, cent_starts: np.ndarray, ks: np.ndarray) -> None:
+        eng, cfg = self._engine, self._engine.config
+        g = eng.state.graph
+        for lo in range(0, old_centers.shape[0], REASSIGN_GROUP):
+            hi = min(lo + REASSIGN_GROUP, old_centers.shape[0])
+            m = min(cfg.reassign_neighbors, g.n_alive)
+            near, _, counts = g.search(old_centers[lo:hi], native.L2, m, np.inf, cfg.ef_for(m))
+            post, split_of, is_child = [], [], []
+            for s in range(lo, hi):
+                kids = set(int(c) for c in children[s])
+                near_s = [int(b) for b in near[s - lo, :counts[s - lo]] if int(b) not in kids]
+                for b, child in [(c, True) for c in kids] + [(b, False) for b in near_s]:
+                    post.append(b)
+                    split_of.append(s - lo)
+                    is_child.append(child)
+            examined, pair_post = np.unique(np.asarray(post, dtype=np.int64), return_inverse=True)
+            recs_f, recs_u, offsets, keep, _ = self._read(examined)
+            new_off = np.concatenate(([0], np.cumsum(ks[lo:hi])))
+            new_centers = np.concatenate([centroids[cent_starts[s]:cent_starts[s] + ks[s]] for s in range(lo, hi)])
+            cand = native.lire.reassign_candidates(
+                recs_f, keep, offsets, np.ascontiguousarray(g.vectors[examined]), pair_post.astype(np.int64),
+                np.asarray(split_of, dtype=np.int64), np.asarray(is_child), np.ascontiguousarray(old_centers[lo:hi]),
+                new_off.astype(np.int64), new_centers)
+            rows = np.flatnonzero(cand)
+            self.counters["reassign_checked"] += int(rows.size)
+            if rows.size == 0:
+                continue
+            owner = np.repeat(examined, np.diff(offsets))[rows]
+            vids = recs_u[rows, 0].astype(np.int64)
+            vids, first = np.unique(vids, return_index=True)
+            rows, owner = rows[first], owner[first]
+            self._reassign_vids(vids, recs_u[rows, 1].astype(np.uint8), recs_f[rows, records.HEADER_WORDS:], owner)
+
+    def _reassign_vids(self, vids: np.ndarray, versions: np.ndarray, vectors: np.ndarray,
+                       owner: np.ndarray) -> None:
+        """Copy ``vids`` (seen with ``versions`` in postings ``owner``) to the postings the RNG
+        rule picks for them now, where ``owner`` is no longer among those; the old copies are
+        cut out once running searches are done."""
+        eng, cfg = self._engine, self._engine.config
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        heads, counts = select_replicas(eng.state, vectors, cfg)
+        move = ~(heads == owner[:, None]).any(axis=1) & (counts > 0)
+        if not move.any():
+            return
+        vids, versions, vectors, heads, counts, owner = (
+            vids[move], versions[move], vectors[move], heads[move], counts[move], owner[move])
+        with eng.lock:
+            g = eng.state.graph
+            # compare-and-set: skip vids changed or deleted since they were read, and any whose
+            # chosen postings went away meanwhile
+            ok = (eng.state.idmap.versions[vids] == versions) & ~np.isin(owner, list(self._limbo_pids))
+            ok &= (g.alive[np.maximum(heads, 0)] | (heads < 0)).all(axis=1)
+            if not ok.any():
+                return
+            vids, versions, vectors, heads, counts, owner = (
+                vids[ok], versions[ok], vectors[ok], heads[ok], counts[ok], owner[ok])
+            appends = group_appends(heads, counts, vids, versions, vectors)
+            rec = oplog.Record("reassign", {"r_vids": vids, "r_home": heads[:, 0].astype(np.int32)})
+            eng.commit(Change(appends=appends), rec, IOClass.BACKGROUND)
+        self.counters["reassigns"] += int(vids.size)
+        self._defer([], {int(p): vids[owner == p] for p in np.unique(owner)})
+        targets = np.asarray(list(appends), dtype=np.int64)
+        self.notify(targets[eng.lengths(targets) > eng.limit])
+
+
+class _Plan:
+    """The writes of one round, built and committed under the writers' lock."""
+
+    def __init__(self, eng: Engine, pids, recs_f, recs_u, offsets, keep, labels, split, ks, cent_off,
+                 centroids, drop, merge, targets, gc, snap_len, limbo: set[int]):
+        self.eng = eng
+        g = eng.state.graph
+        dim = eng.dim
+        H = records.HEADER_WORDS
+        versions = eng.state.idmap.versions
+        # records appended since the snapshot are folded in (writers hold this lock too)
+        now_len = eng.lengths(pids)
+        grown = np.flatnonzero((now_len > snap_len) & (split | drop | merge | gc))
+        delta: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if grown.size:
+            b = eng.store.read(pids[grown], IOClass.BACKGROUND)
+            df, du = records.view(np.array(b.data), dim)
+            for j, i in enumerate(grown):
+                lo, hi = b.offsets[j] + snap_len[i], b.offsets[j + 1]
+                live = versions[np.minimum(du[lo:hi, 0], versions.shape[0] - 1)] == du[lo:hi, 1]
+                live &= du[lo:hi, 0] < versions.shape[0]
+                delta[int(i)] = (df[lo:hi][live], du[lo:hi][live])
+        drop = drop & np.array([int(i) not in delta for i in range(pids.shape[0])])  # not empty now
+        gc = gc | ((~split & ~merge & ~drop) & np.array([int(i) in delta for i in range(pids.shape[0])]))
+
+        self.children: list[np.ndarray] = []
+        replaces: dict[int, bytes] = {}
+        appends: dict[int, bytes] = {}
+        drops: list[int] = []
+        mv_vids, mv_from, mv_to = [], [], []
+        split_idx = np.flatnonzero(split)
+        new_pids = g.free_pids(int(ks[split].sum()), limbo) if split_idx.size else np.zeros(0, np.int64)
+        pos = 0
+        for i in split_idx:
+            k = int(ks[i])
+            kids = new_pids[pos:pos + k]
+            pos += k
+            self.children.append(kids)
+            rng = slice(offsets[i], offsets[i + 1])
+            kf, ku, kl = recs_f[rng][keep[rng]], recs_u[rng][keep[rng]], labels[rng][keep[rng]]
+            if int(i) in delta:
+                df, du = delta[int(i)]
+                cents = centroids[cent_off[i]:cent_off[i + 1]]
+                dl = np.argmin(((df[:, H:, None] - cents.T[None]) ** 2).sum(1), axis=1) if df.shape[0] else np.zeros(0, np.int64)
+                kf, ku, kl = np.concatenate((kf, df)), np.concatenate((ku, du)), np.concatenate((kl, dl))
+            for c in range(k):
+                sel = kl == c
+                replaces[int(kids[c])] = kf[sel].tobytes()
+                mv_vids.append(ku[sel, 0])
+                mv_from.append(np.full(int(sel.sum()), pids[i]))
+                mv_to.append(np.full(int(sel.sum()), kids[c]))
+            drops.append(int(pids[i]))
+        self.merged_vids = np.zeros(0, np.int64)
+        self.merged_versions = np.zeros(0, np.uint8)
+        self.merged_vectors = np.zeros((0, dim), np.float32)
+        self.merged_to = np.zeros(0, np.int64)
+        mvs, mvv, mvx, mvt = [], [], [], []
+        for i in np.flatnonzero(merge):
+            rng = slice(offsets[i], offsets[i + 1])
+            kf, ku = recs_f[rng][keep[rng]], recs_u[rng][keep[rng]]
+            if int(i) in delta:
+                kf, ku = np.concatenate((kf, delta[int(i)][0])), np.concatenate((ku, delta[int(i)][1]))
+            t = int(targets[i])
+            appends[t] = appends.get(t, b"") + kf.tobytes()
+            mv_vids.append(ku[:, 0])
+            mv_from.append(np.full(ku.shape[0], pids[i]))
+            mv_to.append(np.full(ku.shape[0], t))
+            mvs.append(ku[:, 0])
+            mvv.append(ku[:, 1])
+            mvx.append(kf[:, H:])
+            mvt.append(np.full(ku.shape[0], t))
+            drops.append(int(pids[i]))
+        if mvs:
+            self.merged_vids = np.concatenate(mvs).astype(np.int64)
+            self.merged_versions = np.concatenate(mvv).astype(np.uint8)
+            self.merged_vectors = np.concatenate(mvx)
+            self.merged_to = np.concatenate(mvt).astype(np.int64)
+        for i in np.flatnonzero(drop):
+            drops.append(int(pids[i]))
+        for i in np.flatnonzero(gc):
+            rng = slice(offsets[i], offsets[i + 1])
+            kf = recs_f[rng][keep[rng]]
+            if int(i) in delta:
+                kf = np.concatenate((kf, delta[int(i)][0]))
+            replaces[int(pids[i])] = kf.tobytes()
+
+        self.replaces, self.appends, self.drops = replaces, appends, drops
+        self.new_pids = new_pids
+        self.new_vectors = centroids[np.concatenate([np.arange(cent_off[i], cent_off[i + 1]) for i in split_idx])] \
+            if split_idx.size else np.zeros((0, dim), np.float32)
+        self.removed = np.asarray(drops, dtype=np.int64)
+        self.gc_pids = np.concatenate((new_pids, pids[gc], self.removed)).astype(np.int64)
+        cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
+        self.moves = (cat(mv_vids, np.int64), cat(mv_from, np.int32), cat(mv_to, np.int32))
+
+    def commit(self) -> None:
+        eng = self.eng
+        g = eng.state.graph
+        cfg = eng.config
+        # 1. link the new heads in place: reachable now, their postings still empty
+        touched_in = g.insert(self.new_pids, self.new_vectors, cfg.graph_build_ef) if self.new_pids.size \
+            else np.zeros(0, np.int64)
+        # 2. unlink the old heads on a copy, published only after the store commit
+        nbrs = g.nbrs.copy()
+        touched_out = np.zeros(0, np.int64)
+        if self.removed.size:
+            removed = np.zeros(g.capacity, dtype=np.bool_)
+            removed[self.removed] = True
+            mark = np.zeros(g.capacity, dtype=np.uint8)
+            native.graph.remove_nodes(removed, g.vectors, nbrs, g.alpha2, mark)
+            touched_out = np.flatnonzero(mark)
+        rows = np.union1d(touched_in, touched_out).astype(np.int64)
+        alive_after = g.alive.copy()
+        alive_after[self.removed] = False
+        entries = g.entries[alive_after[g.entries]]
+        if entries.size < min(g.n_entries, int(alive_after.sum())):
+            extra = np.setdiff1d(np.flatnonzero(alive_after[: g.n]), entries)[: g.n_entries - entries.size]
+            entries = np.concatenate((entries, extra)).astype(np.int32)
+        heads = np.concatenate((self.new_pids, self.removed)).astype(np.int64)
+        vids, frm, to = self.moves
+        rec = oplog.Record("rebalance", {
+            "g_pids": heads, "g_vectors": g.vectors[heads], "g_alive": alive_after[heads],
+            "g_rows": rows, "g_row_values": nbrs[rows], "g_entries": entries,
+            "m_vids": vids, "m_from": frm, "m_to": to, "gc_pids": self.gc_pids})
+        change = Change(appends=self.appends, replaces=self.replaces)  # drops wait in limbo
+        try:
+            eng.commit(change, rec, IOClass.BACKGROUND, graph_done=True)
+        except BaseException:
+            if self.new_pids.size:  # undo step 1
+                undo = np.zeros(g.capacity, dtype=np.bool_)
+                undo[self.new_pids] = True
+                native.graph.remove_nodes(undo, g.vectors, g.nbrs, g.alpha2, np.zeros(g.capacity, np.uint8))
+                g.alive[self.new_pids] = False
+                g.n_alive = int(g.alive[: g.n].sum())
+            raise
+        # 3. publish the unlinking
+        g.publish_nbrs(nbrs)
+        g.alive[self.removed] = False
+        g.n_alive = int(g.alive[: g.n].sum())
+        g.entries = entries
+
+    def followups(self) -> np.ndarray:
+        """Postings this round wrote that may need another look (still over the limit)."""
+        written = np.asarray(list(self.replaces) + list(self.appends), dtype=np.int64)
+        if written.size == 0:
+            return written
+        return written[self.eng.lengths(written) > self.eng.limit]
+

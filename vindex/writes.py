@@ -1,0 +1,112 @@
+"""Planning foreground writes: which vids and versions, which postings, which log record.
+
+Functions here read the state and return ``(Record, Change)`` without changing anything; the
+caller commits the change with the record and then applies the record (see ``state``).
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+import native
+
+from . import oplog
+from .build import build_postings
+from .config import IndexConfig
+from .idmap import DELETED, VERSION_MASK
+from .state import State
+from .storage import Change, records
+
+#: Rows per worker when replica candidates are searched in parallel threads (the graph
+#: kernel releases the GIL).
+PARALLEL_ROWS = 2048
+
+
+def select_replicas(state: State, x: np.ndarray, config: IndexConfig,
+                    pool: ThreadPoolExecutor | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Postings for each row of ``x``: ``(heads (n, max_replicas) -1 padded, counts)``."""
+    g = state.graph
+    n_cand = min(config.insert_candidates, g.n_alive)
+    ef = config.ef_for(n_cand)
+
+    def one(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cand, cand_d, _ = g.search(part, native.L2, n_cand, np.inf, ef)
+        reps = np.empty((part.shape[0], config.max_replicas), dtype=np.int32)
+        reps_d = np.empty((part.shape[0], config.max_replicas), dtype=np.float32)
+        counts = native.replicas.select(cand, cand_d, g.vectors, config.replica_eps,
+                                        config.rng_factor, reps, reps_d)
+        return reps, counts
+
+    if pool is None or x.shape[0] < 2 * PARALLEL_ROWS:
+        return one(x)
+    parts = [x[i:i + PARALLEL_ROWS] for i in range(0, x.shape[0], PARALLEL_ROWS)]
+    done = list(pool.map(one, parts))
+    return np.concatenate([d[0] for d in done]), np.concatenate([d[1] for d in done])
+
+
+def group_appends(heads: np.ndarray, counts: np.ndarray, vids: np.ndarray, versions: np.ndarray,
+                  x: np.ndarray) -> dict[int, bytes]:
+    """Records of rows ``x`` grouped by the postings in ``heads`` (-1 padded rows)."""
+    rows = np.repeat(np.arange(x.shape[0]), counts)
+    flat = heads[heads >= 0]  # row-major, aligned with ``rows``
+    order = np.argsort(flat, kind="stable")
+    flat, rows = flat[order], rows[order]
+    recs = records.encode(vids[rows], versions[rows], x[rows])
+    bounds = np.flatnonzero(np.diff(flat)) + 1
+    starts = np.concatenate(([0], bounds))
+    ends = np.concatenate((bounds, [flat.size]))
+    return {int(flat[a]): recs[a:b].tobytes() for a, b in zip(starts, ends)}
+
+
+def plan_upsert(state: State, exts: np.ndarray, x: np.ndarray, config: IndexConfig,
+                pool: ThreadPoolExecutor | None = None) -> tuple[oplog.Record, Change]:
+    """Insert or replace ``exts`` with vectors ``x`` (validated, distinct ids)."""
+    idm = state.idmap
+    vids = idm.lookup(exts)
+    known = vids >= 0
+    versions = np.zeros(exts.shape[0], dtype=np.uint8)
+    bumped = ((idm.versions[vids[known]] & VERSION_MASK) + 1) & VERSION_MASK
+    versions[known] = bumped
+    # a version that wraps to 0 could match a 128-versions-old copy: move the id to a new vid
+    wrap = np.zeros_like(known)
+    wrap[known] = bumped == 0
+    retired = vids[wrap]
+    fresh = ~known | wrap
+    first_new = idm.n_vids
+    vids[fresh] = np.arange(first_new, first_new + int(fresh.sum()))
+    versions[fresh] = 0
+    arrays: dict[str, np.ndarray] = {}
+    change = Change()
+    if state.graph.n_alive == 0:
+        # an empty index: the first vectors are clustered into the first heads
+        built = build_postings(x, vids, config, show=False, versions=versions)
+        change.replaces = {int(p): built.records[built.offsets[i]:built.offsets[i + 1]].tobytes()
+                           for i, p in enumerate(built.pids)}
+        g = built.graph
+        n = g.n
+        arrays.update(g_pids=np.arange(n, dtype=np.int64), g_vectors=g.vectors[:n], g_alive=g.alive[:n],
+                      g_rows=np.arange(n, dtype=np.int64), g_row_values=g.nbrs[:n], g_entries=g.entries)
+        home = built.home
+        kind = "bootstrap"
+    else:
+        heads, counts = select_replicas(state, x, config, pool)
+        change.appends = group_appends(heads, counts, vids, versions, x)
+        home = heads[:, 0]
+        kind = "upsert"
+    arrays.update(u_exts=exts, u_vids=vids, u_versions=versions, u_home=home.astype(np.int32),
+                  u_retired=retired)
+    return oplog.Record(kind, arrays, {"first_new_vid": int(first_new)}), change
+
+
+def plan_delete(state: State, exts: np.ndarray) -> oplog.Record | None:
+    """Delete the live ones among ``exts``; None when none is live."""
+    vids = state.idmap.live_vids(exts)
+    vids = vids[vids >= 0]
+    if vids.size == 0:
+        return None
+    return oplog.Record("delete", {"d_vids": vids})
+
+
+def is_live(state: State, vids: np.ndarray) -> np.ndarray:
+    return (state.idmap.versions[vids] & DELETED) == 0
