@@ -184,5 +184,18 @@ def test_churn_bigann_10k_keeps_recall(tmp_path, bigann):
         np.testing.assert_array_equal(index.search(q, 10, **ALL).ids, truth)
     with vindex.Index.build(tmp_path / "fresh", base[live], ids=live) as fresh:
         rebuilt = recall_at_k(fresh.search(q, 10, max_postings=16).ids, truth)
-    print(f"churned {churned:.3f} fresh {rebuilt:.3f}")
-    assert churned >= rebuilt - 0.03  # measured: churned 0.960, fresh build 0.966
+    assert churned >= rebuilt - 0.03  # measured: churned 0.952, fresh build 0.963
+
+
+def test_writes_after_reopening_a_checkpointed_index_survive(tmp_path):
+    """The log is empty after a checkpoint; later records must still number above it."""
+    rng = np.random.default_rng(9)
+    path = tmp_path / "r"
+    vindex.Index.create(path, dim=8).close()
+    expect = 0
+    for round_ in range(3):
+        with vindex.Index.open(path) as index:
+            index.upsert(np.arange(round_ * 10, round_ * 10 + 10), ints(rng, 10))
+            expect += 10
+    with vindex.Index.open(path) as index:
+        assert len(index) == expect == 30

@@ -53,10 +53,10 @@ def save(index_dir: str, seq: int, arrays: dict[str, np.ndarray], extra: dict) -
 
 
 def prune(index_dir: str, keep_seq: int) -> None:
-    """Remove checkpoints older than ``keep_seq`` and leftovers of interrupted saves."""
+    """Remove every checkpoint but ``keep_seq``'s, and leftovers of interrupted saves."""
     root = os.path.join(index_dir, DIR)
     for entry in os.listdir(root):
-        if entry.endswith(".tmp") or (entry.isdigit() and int(entry) < keep_seq):
+        if entry.endswith(".tmp") or (entry.isdigit() and int(entry) != keep_seq):
             shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
 
 

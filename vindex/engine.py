@@ -36,6 +36,7 @@ class Engine:
         self.ops_since_checkpoint = 0
         self.build_stats = build_stats or {}
         self.limit = self.config.posting_limit(self.dim)
+        store.continue_after(seq)
 
     def commit(self, change: Change, rec: oplog.Record, io: IOClass, *, graph_done: bool = False) -> None:
         """Write ``change`` with ``rec`` atomically, then apply ``rec``. Caller holds ``lock``."""

@@ -54,8 +54,8 @@ class IdMap:
     def live_vids(self, exts: np.ndarray) -> np.ndarray:
         """vids of ``exts`` that are currently live (-1 otherwise)."""
         vids = self.lookup(exts)
-        known = vids >= 0
-        vids[known & ((self.versions[np.maximum(vids, 0)] & DELETED) != 0)] = -1
+        known = np.flatnonzero(vids >= 0)
+        vids[known[(self.versions[vids[known]] & DELETED) != 0]] = -1
         return vids
 
     @property

@@ -271,7 +271,8 @@ class Index:
             if not replace:
                 live = eng.state.idmap.live_vids(exts) >= 0
                 if live.any():
-                    raise DuplicateIdError(f"ids already in the index: {preview(exts[live])}", exts[live])
+                    dup = np.sort(exts[live])
+                    raise DuplicateIdError(f"ids already in the index: {preview(dup)}", dup)
             old_homes = self._homes_of(exts)
             rec, change = writes.plan_upsert(eng.state, exts, x, self.config, self._pool)
             eng.commit(change, rec, IOClass.UPDATE)

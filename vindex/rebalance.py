@@ -55,7 +55,7 @@ class Rebalancer:
         self._stop = False
         self._error: BaseException | None = None
         self._seen = np.full(16, -1, dtype=np.int64)
-        # (ticket boundary, postings to drop, {posting: vids to cut out}), run once every
+        # (ticket boundary, postings to drop, {posting: vid*256+version copies to cut out}), run once every
         # search that started before the boundary is done
         self._deferred: list[tuple[int, list[int], dict[int, np.ndarray]]] = []
         self._limbo_pids: set[int] = set()  # dropped heads whose postings still exist
@@ -173,7 +173,9 @@ class Rebalancer:
             self._cv.notify_all()
 
     def _cut(self, cuts: dict[int, np.ndarray]) -> None:
-        """Rewrite postings without the copies of ``cuts[pid]`` (and without garbage)."""
+        """Rewrite postings without the copies named in ``cuts[pid]`` (``vid * 256 + version``
+        keys: a copy the user rewrote since has another version and stays), and without
+        garbage."""
         eng = self._engine
         g = eng.state.graph
         pids = np.asarray(sorted(p for p in cuts if p < g.n and g.alive[p]), dtype=np.int64)
@@ -185,7 +187,8 @@ class Rebalancer:
         owner = np.repeat(np.arange(pids.size), np.diff(offsets))
         for i, pid in enumerate(pids):
             rows = np.flatnonzero(owner == i)
-            keep[rows[np.isin(recs_u[rows, 0], cuts[int(pid)])]] = False
+            keys = recs_u[rows, 0].astype(np.int64) * 256 + recs_u[rows, 1]
+            keep[rows[np.isin(keys, cuts[int(pid)])]] = False
         with eng.lock:
             now_len = eng.lengths(pids)
             grown = now_len > snap_len
@@ -354,7 +357,8 @@ class Rebalancer:
             rec = oplog.Record("reassign", {"r_vids": vids, "r_home": heads[:, 0].astype(np.int32)})
             eng.commit(Change(appends=appends), rec, IOClass.BACKGROUND)
         self.counters["reassigns"] += int(vids.size)
-        self._defer([], {int(p): vids[owner == p] for p in np.unique(owner)})
+        keys = vids.astype(np.int64) * 256 + versions
+        self._defer([], {int(p): keys[owner == p] for p in np.unique(owner)})
         targets = np.asarray(list(appends), dtype=np.int64)
         self.notify(targets[eng.lengths(targets) > eng.limit])
 

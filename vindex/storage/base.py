@@ -73,6 +73,10 @@ class PostingStore(Protocol):
     def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
         """Log records with sequence number > ``seq``, in order."""
 
+    def continue_after(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> None:
+        """Number later log records above ``seq`` (the checkpoint's), even if the log was
+        truncated down to nothing."""
+
     def truncate_log(self, upto: int, io: IOClass = IOClass.BACKGROUND) -> None:
         """Forget log records with sequence number <= ``upto`` (covered by a checkpoint)."""
 

@@ -65,6 +65,9 @@ class MemoryStore:
     def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
         return iter([(s, r) for s, r in self._log if s > seq])
 
+    def continue_after(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> None:
+        self._seq = max(self._seq, seq)
+
     def truncate_log(self, upto: int, io: IOClass = IOClass.BACKGROUND) -> None:
         with self._lock:
             self._log = [(s, r) for s, r in self._log if s > upto]

@@ -231,6 +231,9 @@ class RocksStore:
         for key, value in self._cf["log"].items(from_key=struct.pack(">Q", seq + 1)):
             yield struct.unpack(">Q", key)[0], value
 
+    def continue_after(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> None:
+        self._seq = max(self._seq, seq)
+
     def truncate_log(self, upto: int, io: IOClass = IOClass.BACKGROUND) -> None:
         batch = WriteBatch(raw_mode=True)
         batch.delete_range(struct.pack(">Q", 0), struct.pack(">Q", upto + 1), self._handle["log"])
