@@ -145,6 +145,10 @@ def build_postings(x: np.ndarray, vids: np.ndarray, config: IndexConfig, show: b
     step(f"building head graph over {used.size} heads", show)
     graph = HeadGraph.build(cl.heads[used], config.graph_degree, config.graph_alpha,
                             config.graph_entries, config.graph_build_ef, config.seed)
+    primary_head = new_id[reps[:, 0]]
+    counts_p = np.bincount(primary_head, minlength=used.size)
+    sums = np.bincount(primary_head, weights=reps_d[:, 0], minlength=used.size)
+    graph.radius[: used.size] = np.where(counts_p > 0, sums / np.maximum(counts_p, 1), 0)
     if versions is None:
         versions = np.zeros(n, dtype=np.uint8)
     recs = records.encode(vids[rows], versions[rows], x[rows])
@@ -157,5 +161,5 @@ def build_postings(x: np.ndarray, vids: np.ndarray, config: IndexConfig, show: b
         "posting_max": int(sizes.max()) if sizes.size else 0,
         "posting_limit": int(limit),
     }
-    home = new_id[reps[:, 0]].astype(np.int32)
+    home = primary_head.astype(np.int32)
     return BuiltPostings(graph, np.arange(used.size, dtype=np.int64), recs, offsets, home, stats)

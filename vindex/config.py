@@ -46,10 +46,15 @@ class IndexConfig:
     """Nearest heads examined when an insert or a reassignment chooses postings (a bulk build
     examines ``replica_candidates``); fewer is faster, the RNG rule rarely reaches far."""
 
+    new_head_factor: float = 2.0
+    """An insert farther from its nearest head than this many times that head's radius (the
+    mean squared distance of its vectors when it was made) lies outside every posting; a batch
+    with enough such vectors gets new heads for them at once. 0 disables."""
+
     # --- rebalancing (SPFresh LIRE) -----------------------------------------------------------
     rebalance: bool = True
     """Split, merge, reassign and garbage-collect postings in the background. Off: appends only."""
-    merge_fraction: float = 0.1
+    merge_fraction: float = 0.35
     """A posting with fewer live vectors than this fraction of the budget is merged away."""
     gc_fraction: float = 0.25
     """A posting is rewritten without garbage once this fraction of it is known dead."""
@@ -119,6 +124,7 @@ class IndexConfig:
         need(self.rng_factor > 0, "rng_factor", "> 0")
         need(1 <= self.insert_candidates <= 1024, "insert_candidates", "1..1024")
         need(isinstance(self.rebalance, bool), "rebalance", "True or False")
+        need(self.new_head_factor >= 0, "new_head_factor", ">= 0")
         need(0 <= self.merge_fraction < 0.5, "merge_fraction", "in [0, 0.5)")
         need(0 < self.gc_fraction <= 1, "gc_fraction", "in (0, 1]")
         need(0 <= self.reassign_neighbors <= 1024, "reassign_neighbors", "0..1024")

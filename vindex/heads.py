@@ -79,6 +79,9 @@ class HeadGraph:
                                np.full((capacity, degree), -1, dtype=np.int32),
                                np.zeros(capacity, dtype=np.bool_))
         self.entries = np.zeros(0, dtype=np.int32)
+        # mean squared distance of a head's vectors to it when the head was made: the scale
+        # that tells an insert far outside every posting (a new region) from an ordinary one
+        self.radius = np.zeros(capacity, dtype=np.float32)
         self.n = 0  # high-water mark of pids
         self.n_alive = 0
 
@@ -176,14 +179,20 @@ class HeadGraph:
         nbrs[:cap] = self.nbrs
         alive = np.zeros(new_cap, dtype=np.bool_)
         alive[:cap] = self.alive
+        radius = np.zeros(new_cap, dtype=np.float32)
+        radius[: self.radius.shape[0]] = self.radius
+        self.radius = radius
         # a search holding the old generation keeps a consistent (older) graph
         self.arrays_ = _Arrays(vectors, nbrs, alive)
 
-    def insert(self, pids: np.ndarray, vectors: np.ndarray, build_ef: int) -> np.ndarray:
-        """Add heads ``pids`` with ``vectors`` and link them; returns the rows it wrote."""
+    def insert(self, pids: np.ndarray, vectors: np.ndarray, build_ef: int,
+               radius: np.ndarray | None = None) -> np.ndarray:
+        """Add heads ``pids`` with ``vectors`` (and posting radii) and link them; returns the
+        rows it wrote."""
         pids = np.asarray(pids, dtype=np.int32)
         self._reserve(int(pids.max()) + 1)
         self.vectors[pids] = vectors
+        self.radius[pids] = 0 if radius is None else radius
         touched = np.zeros(self.capacity, dtype=np.uint8)
         touched[pids] = 1
         self.n = max(self.n, int(pids.max()) + 1)
@@ -217,12 +226,15 @@ class HeadGraph:
         self.entries = np.ascontiguousarray(keep, dtype=np.int32)
 
     def set_state(self, pids: np.ndarray, vectors: np.ndarray, alive: np.ndarray,
-                  rows: np.ndarray, row_values: np.ndarray, entries: np.ndarray) -> None:
-        """Replay: heads ``pids`` get ``vectors`` and liveness ``alive``; graph rows ``rows``
-        get ``row_values``; entry points become ``entries``."""
+                  rows: np.ndarray, row_values: np.ndarray, entries: np.ndarray,
+                  radius: np.ndarray | None = None) -> None:
+        """Replay: heads ``pids`` get ``vectors``, liveness ``alive`` and ``radius``; graph rows
+        ``rows`` get ``row_values``; entry points become ``entries``."""
         top = max(int(pids.max()) + 1 if pids.size else 0, int(rows.max()) + 1 if rows.size else 0)
         self._reserve(top)
         self.vectors[pids] = vectors
+        if radius is not None:
+            self.radius[pids] = radius
         self.alive[pids] = alive
         self.nbrs[rows] = row_values
         self.n = max(self.n, top)
@@ -249,7 +261,18 @@ class HeadGraph:
     def arrays(self) -> dict[str, np.ndarray]:
         n = self.n
         return {"head_vectors": self.vectors[:n], "head_nbrs": self.nbrs[:n],
-                "head_alive": self.alive[:n], "head_entries": self.entries}
+                "head_alive": self.alive[:n], "head_entries": self.entries, "head_radius": self.radius[:n]}
+
+    def outside(self, c1: np.ndarray, d1: np.ndarray, factor: float) -> np.ndarray:
+        """Which vectors, at squared distance ``d1`` from their nearest head ``c1``, lie far
+        outside it: farther than ``factor`` times its radius (the median radius where a head
+        has none)."""
+        r = self.radius[c1]
+        alive_r = self.radius[: self.n][self.alive[: self.n]]
+        alive_r = alive_r[alive_r > 0]
+        floor = float(np.median(alive_r)) if alive_r.size else 0.0
+        scale = np.where(r > 0, r, floor)
+        return (scale > 0) & (d1 > factor * scale)
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], alpha: float) -> "HeadGraph":
@@ -264,6 +287,9 @@ class HeadGraph:
                             np.require(nbrs, np.int32, ["C", "W"]),
                             np.require(arrays["head_alive"], np.bool_, ["C", "W"]))
         g.entries = np.require(arrays["head_entries"], np.int32, ["C", "W"])
+        radius = arrays.get("head_radius")
+        g.radius = (np.require(radius, np.float32, ["C", "W"]) if radius is not None
+                    else np.zeros(n, dtype=np.float32))
         g.n = n
         g.n_alive = int(g.alive.sum())
         return g

@@ -5,7 +5,7 @@ import os
 import shutil
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
@@ -18,7 +18,7 @@ from .errors import CorruptionError, DuplicateIdError, IndexClosedError, preview
 from .heads import METRIC_CODES, HeadGraph
 from .idmap import IdMap
 from .progress import enabled
-from .rebalance import Rebalancer
+from .rebalance import FOLD_FRAGMENTS, Rebalancer
 from .search import search as run_search
 from .state import State
 from .storage import Change, IOClass, open_store, records
@@ -33,11 +33,13 @@ class SearchResult:
 
     ``ids`` is ``(nq, k) int64`` padded with -1; ``distances`` is ``(nq, k) float32`` padded with
     +inf: squared L2 for ``l2``, ``1 - cos`` for ``cosine``, ``-<q, x>`` for ``ip``.
-    Unpacks as ``ids, distances = result``.
+    Unpacks as ``ids, distances = result``. ``stats`` counts the work done: postings read
+    (each once per batch) and records scanned (summed over queries).
     """
 
     ids: np.ndarray
     distances: np.ndarray
+    stats: dict = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return iter((self.ids, self.distances))
@@ -95,7 +97,8 @@ class Index:
             alive = np.flatnonzero(g.alive[: g.n])
             lengths = engine.lengths(alive)
             heavy = engine.state.garbage[alive] >= np.maximum(1, cfg.gc_fraction * lengths)
-            self._rebalancer.notify(alive[(lengths > engine.limit) | heavy])
+            scattered = engine.store.fragments(alive) > FOLD_FRAGMENTS
+            self._rebalancer.notify(alive[(lengths > engine.limit) | heavy | scattered])
 
     def _drop_orphans(self) -> None:
         """Postings of removed heads whose deferred drop a crash cut short (no search runs yet)."""
@@ -233,15 +236,16 @@ class Index:
         beam = cfg.ef_for(m) if ef is None else validation.positive_int(ef, "ef", upper=65536)
         q = self._vectors(queries, "queries")
         if q.shape[0] == 0:
-            return SearchResult(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32))
+            return SearchResult(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32),
+                                {"postings": 0, "records_scanned": 0})
         eng = self._engine
         with eng.readers.search():  # postings this search may still read stay in the store
-            ids, dists = run_search(q, k, graph=eng.state.graph, idmap=eng.state.idmap, store=eng.store,
-                                    readers=eng.readers, metric=self._metric_code, max_postings=m,
-                                    eps=e, ef=max(beam, m))
+            ids, dists, work = run_search(q, k, graph=eng.state.graph, idmap=eng.state.idmap,
+                                          store=eng.store, readers=eng.readers, metric=self._metric_code,
+                                          max_postings=m, eps=e, ef=max(beam, m))
         if self.metric == "cosine":
             dists = dists * np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors
-        return SearchResult(ids, dists)
+        return SearchResult(ids, dists, work)
 
     def _vectors(self, x: Any, what: str) -> np.ndarray:
         v = validation.vectors(x, self.dim, what=what)
@@ -274,8 +278,14 @@ class Index:
                     dup = np.sort(exts[live])
                     raise DuplicateIdError(f"ids already in the index: {preview(dup)}", dup)
             old_homes = self._homes_of(exts)
-            rec, change = writes.plan_upsert(eng.state, exts, x, self.config, self._pool)
-            eng.commit(change, rec, IOClass.UPDATE)
+            rec, change, undo = writes.plan_upsert(eng.state, exts, x, self.config, self._pool,
+                                                   self._rebalancer.limbo_pids)
+            try:
+                eng.commit(change, rec, IOClass.UPDATE, graph_done=undo is not None)
+            except BaseException:
+                if undo is not None:
+                    undo()
+                raise
             written = np.asarray(list(change.appends) + list(change.replaces), dtype=np.int64)
             self._after_write(written, old_homes)
 
@@ -305,7 +315,8 @@ class Index:
         eng = self._engine
         work = []
         if written.size:
-            work.append(written[eng.lengths(written) > eng.limit])
+            work.append(written[(eng.lengths(written) > eng.limit)
+                                | (eng.store.fragments(written) > FOLD_FRAGMENTS)])
         if old_homes.size:
             garbage = eng.state.garbage[old_homes]
             work.append(old_homes[garbage >= np.maximum(1, self.config.gc_fraction * eng.lengths(old_homes))])

@@ -35,6 +35,9 @@ from .writes import group_appends, select_replicas
 
 log = logging.getLogger("vindex.rebalance")
 
+#: A posting stored in more pieces than this (one per append) is folded back into one: every
+#: piece costs the search path one more store lookup.
+FOLD_FRAGMENTS = 8
 #: Splits whose neighbourhoods are read together in one reassignment step (bounds memory).
 REASSIGN_GROUP = 16
 #: Pause after a failed round before retrying its postings.
@@ -79,6 +82,12 @@ class Rebalancer:
         """Wake the worker (e.g. a checkpoint is due)."""
         with self._cv:
             self._cv.notify_all()
+
+    @property
+    def limbo_pids(self) -> set[int]:
+        """Removed heads whose postings are not dropped yet: their pids are not free."""
+        with self._cv:
+            return set(self._limbo_pids)
 
     @property
     def depth(self) -> int:
@@ -149,6 +158,14 @@ class Rebalancer:
             for _, _, cuts in self._deferred:
                 for p in gone.intersection(cuts):
                     del cuts[p]
+
+    def _cancel_cuts(self, pids: np.ndarray, keys: np.ndarray) -> None:
+        """Copies ``keys[i]`` were just written to posting ``pids[i]`` again (a reassignment
+        back, or a merge): pending cuts of those copies there must not remove them."""
+        with self._cv:
+            for _, _, cuts in self._deferred:
+                for p in set(pids.tolist()).intersection(cuts):
+                    cuts[p] = cuts[p][~np.isin(cuts[p], keys[pids == p])]
 
     def _run_deferred(self) -> None:
         """Drop postings of removed heads and cut moved copies out of their old postings, for
@@ -241,7 +258,8 @@ class Rebalancer:
         many_heads = g.n_alive > 1
         drop = (n_live == 0) & many_heads
         merge = (n_live > 0) & (n_live < limit * cfg.merge_fraction) & many_heads & ~split
-        gc = ~split & ~drop & ~merge & (snap_len > n_live)
+        scattered = eng.store.fragments(pids) > FOLD_FRAGMENTS
+        gc = ~split & ~drop & ~merge & ((snap_len > n_live) | scattered)
         if not (split.any() or drop.any() or merge.any() or gc.any()):
             return
         cent_off = np.concatenate(([0], np.cumsum(ks)))
@@ -251,13 +269,15 @@ class Rebalancer:
         busy = set(pids[split | drop | merge].tolist())
         targets = self._merge_targets(pids, merge, n_live, busy)
         merge &= targets >= 0
-        gc |= (n_live > 0) & ~split & ~drop & ~merge & (snap_len > n_live)
+        gc |= (n_live > 0) & ~split & ~drop & ~merge & ((snap_len > n_live) | scattered)
 
         with eng.lock:
             plan = _Plan(eng, pids, recs_f, recs_u, offsets, keep, labels, split, ks, cent_off,
                          centroids, drop, merge, targets, gc, snap_len, self._limbo_pids)
             old_centers = g.vectors[pids[split]].copy()
             plan.commit()
+            if plan.merged_vids.size:
+                self._cancel_cuts(plan.merged_to, plan.merged_vids * 256 + plan.merged_versions)
             if plan.drops:  # searches that started before now may still read these postings
                 self._forget_cuts(plan.drops)
                 self._defer(list(plan.drops), {})
@@ -337,7 +357,7 @@ class Rebalancer:
         cut out once running searches are done."""
         eng, cfg = self._engine, self._engine.config
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        heads, counts = select_replicas(eng.state, vectors, cfg)
+        heads, counts, _ = select_replicas(eng.state, vectors, cfg)
         move = ~(heads == owner[:, None]).any(axis=1) & (counts > 0)
         if not move.any():
             return
@@ -356,8 +376,10 @@ class Rebalancer:
             appends = group_appends(heads, counts, vids, versions, vectors)
             rec = oplog.Record("reassign", {"r_vids": vids, "r_home": heads[:, 0].astype(np.int32)})
             eng.commit(Change(appends=appends), rec, IOClass.BACKGROUND)
+            keys = vids.astype(np.int64) * 256 + versions
+            chosen = heads >= 0
+            self._cancel_cuts(heads[chosen].astype(np.int64), np.broadcast_to(keys[:, None], heads.shape)[chosen])
         self.counters["reassigns"] += int(vids.size)
-        keys = vids.astype(np.int64) * 256 + versions
         self._defer([], {int(p): keys[owner == p] for p in np.unique(owner)})
         targets = np.asarray(list(appends), dtype=np.int64)
         self.notify(targets[eng.lengths(targets) > eng.limit])
@@ -396,6 +418,7 @@ class _Plan:
         split_idx = np.flatnonzero(split)
         new_pids = g.free_pids(int(ks[split].sum()), limbo) if split_idx.size else np.zeros(0, np.int64)
         pos = 0
+        radius = []
         for i in split_idx:
             k = int(ks[i])
             kids = new_pids[pos:pos + k]
@@ -408,9 +431,11 @@ class _Plan:
                 cents = centroids[cent_off[i]:cent_off[i + 1]]
                 dl = np.argmin(((df[:, H:, None] - cents.T[None]) ** 2).sum(1), axis=1) if df.shape[0] else np.zeros(0, np.int64)
                 kf, ku, kl = np.concatenate((kf, df)), np.concatenate((ku, du)), np.concatenate((kl, dl))
+            cents = centroids[cent_off[i]:cent_off[i + 1]]
             for c in range(k):
                 sel = kl == c
                 replaces[int(kids[c])] = kf[sel].tobytes()
+                radius.append(float(((kf[sel, H:] - cents[c]) ** 2).sum(axis=1).mean()) if sel.any() else 0.0)
                 mv_vids.append(ku[sel, 0])
                 mv_from.append(np.full(int(sel.sum()), pids[i]))
                 mv_to.append(np.full(int(sel.sum()), kids[c]))
@@ -451,6 +476,7 @@ class _Plan:
 
         self.replaces, self.appends, self.drops = replaces, appends, drops
         self.new_pids = new_pids
+        self.new_radius = np.asarray(radius, dtype=np.float32)
         self.new_vectors = centroids[np.concatenate([np.arange(cent_off[i], cent_off[i + 1]) for i in split_idx])] \
             if split_idx.size else np.zeros((0, dim), np.float32)
         self.removed = np.asarray(drops, dtype=np.int64)
@@ -463,8 +489,8 @@ class _Plan:
         g = eng.state.graph
         cfg = eng.config
         # 1. link the new heads in place: reachable now, their postings still empty
-        touched_in = g.insert(self.new_pids, self.new_vectors, cfg.graph_build_ef) if self.new_pids.size \
-            else np.zeros(0, np.int64)
+        touched_in = g.insert(self.new_pids, self.new_vectors, cfg.graph_build_ef, self.new_radius) \
+            if self.new_pids.size else np.zeros(0, np.int64)
         # 2. unlink the old heads on a copy, published only after the store commit
         nbrs = g.nbrs.copy()
         touched_out = np.zeros(0, np.int64)
@@ -485,6 +511,7 @@ class _Plan:
         vids, frm, to = self.moves
         rec = oplog.Record("rebalance", {
             "g_pids": heads, "g_vectors": g.vectors[heads], "g_alive": alive_after[heads],
+            "g_radius": g.radius[heads],
             "g_rows": rows, "g_row_values": nbrs[rows], "g_entries": entries,
             "m_vids": vids, "m_from": frm, "m_to": to, "gc_pids": self.gc_pids})
         change = Change(appends=self.appends, replaces=self.replaces)  # drops wait in limbo

@@ -21,14 +21,17 @@ READ_CHUNK = 2048
 
 def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store: PostingStore,
            readers: Readers, metric: int, max_postings: int, eps: float, ef: int,
-           io: IOClass = IOClass.INTERACTIVE) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` ``(ext ids (nq, k) int64, internal distances (nq, k) float32)``, padded."""
+           io: IOClass = IOClass.INTERACTIVE) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Top-``k`` ``(ext ids (nq, k) int64, internal distances (nq, k) float32)``, padded, and
+    work counters: postings read (once each per batch) and records scanned (summed over
+    queries: the distance computations)."""
     nq, dim = queries.shape
     heap_d = np.empty((nq, k), dtype=np.float32)
     heap_i = np.empty((nq, k), dtype=np.int64)
     sizes = np.zeros(nq, dtype=np.int32)
     head_ids, _, counts = graph.search(queries, metric, max_postings, eps, ef)
     pids, q_ptr, q_idx = native.scan.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
+    postings = scanned = 0
     for lo in range(0, pids.shape[0], READ_CHUNK):
         hi = min(lo + READ_CHUNK, pids.shape[0])
         with readers.reading():  # versions checked against the same state the read saw
@@ -37,7 +40,9 @@ def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store
             versions, vid2ext = idmap.versions, idmap.vid2ext
             recs_f, recs_u = records.view(batch.data, dim)
             live = native.scan.live_mask(recs_u, versions)
+        postings += hi - lo
+        scanned += int(np.dot(np.diff(batch.offsets), np.diff(q_ptr[lo:hi + 1])))
         native.scan.scan_grouped(recs_f, recs_u, live, batch.offsets, q_ptr[lo:hi + 1], q_idx, queries,
                           vid2ext, metric, heap_d, heap_i, sizes)
     native.scan.finish(heap_d, heap_i, sizes)
-    return heap_i, heap_d
+    return heap_i, heap_d, {"postings": postings, "records_scanned": scanned}

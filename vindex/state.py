@@ -7,8 +7,8 @@ last checkpoint through the same ``apply`` rebuilds the state after a restart.
 
 A record is a bundle of optional sections (array names share a prefix):
 
-* ``g_``: heads ``g_pids`` get ``g_vectors`` and liveness ``g_alive``; graph rows ``g_rows``
-  become ``g_row_values``; entry points become ``g_entries``;
+* ``g_``: heads ``g_pids`` get ``g_vectors``, liveness ``g_alive`` and radius ``g_radius``;
+  graph rows ``g_rows`` become ``g_row_values``; entry points become ``g_entries``;
 * ``u_``: upsert of ids ``u_exts`` as vids ``u_vids`` with versions ``u_versions`` and home
   postings ``u_home``; vids >= ``meta["first_new_vid"]`` are new; ``u_retired`` vids retire;
 * ``d_``: delete of live vids ``d_vids``;
@@ -62,7 +62,7 @@ class State:
         idm = self.idmap
         if "g_pids" in a and not graph_done:
             self.graph.set_state(a["g_pids"], a["g_vectors"], a["g_alive"], a["g_rows"],
-                                 a["g_row_values"], a["g_entries"])
+                                 a["g_row_values"], a["g_entries"], a.get("g_radius"))
         self._reserve_garbage(self.graph.capacity)
         if "u_vids" in a:
             vids = a["u_vids"].astype(np.int64)

@@ -6,6 +6,7 @@ caller commits the change with the record and then applies the record (see ``sta
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 
@@ -24,8 +25,9 @@ PARALLEL_ROWS = 2048
 
 
 def select_replicas(state: State, x: np.ndarray, config: IndexConfig,
-                    pool: ThreadPoolExecutor | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Postings for each row of ``x``: ``(heads (n, max_replicas) -1 padded, counts)``."""
+                    pool: ThreadPoolExecutor | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Postings for each row of ``x``: ``(heads (n, max_replicas) -1 padded, counts,
+    squared distance to the nearest head)``."""
     g = state.graph
     n_cand = min(config.insert_candidates, g.n_alive)
     ef = config.ef_for(n_cand)
@@ -36,13 +38,13 @@ def select_replicas(state: State, x: np.ndarray, config: IndexConfig,
         reps_d = np.empty((part.shape[0], config.max_replicas), dtype=np.float32)
         counts = native.replicas.select(cand, cand_d, g.vectors, config.replica_eps,
                                         config.rng_factor, reps, reps_d)
-        return reps, counts
+        return reps, counts, reps_d[:, 0]
 
     if pool is None or x.shape[0] < 2 * PARALLEL_ROWS:
         return one(x)
     parts = [x[i:i + PARALLEL_ROWS] for i in range(0, x.shape[0], PARALLEL_ROWS)]
     done = list(pool.map(one, parts))
-    return np.concatenate([d[0] for d in done]), np.concatenate([d[1] for d in done])
+    return tuple(np.concatenate([d[j] for d in done]) for j in range(3))
 
 
 def group_appends(heads: np.ndarray, counts: np.ndarray, vids: np.ndarray, versions: np.ndarray,
@@ -60,8 +62,14 @@ def group_appends(heads: np.ndarray, counts: np.ndarray, vids: np.ndarray, versi
 
 
 def plan_upsert(state: State, exts: np.ndarray, x: np.ndarray, config: IndexConfig,
-                pool: ThreadPoolExecutor | None = None) -> tuple[oplog.Record, Change]:
-    """Insert or replace ``exts`` with vectors ``x`` (validated, distinct ids)."""
+                pool: ThreadPoolExecutor | None = None, exclude_pids: set[int] | None = None
+                ) -> tuple[oplog.Record, Change, Callable[[], None] | None]:
+    """Insert or replace ``exts`` with vectors ``x`` (validated, distinct ids).
+
+    Returns the record, the posting change, and an undo for graph changes already made in
+    memory (new heads for vectors far outside every posting), or None when there are none.
+    ``exclude_pids``: dead heads whose postings still exist (their pids cannot be reused).
+    """
     idm = state.idmap
     vids = idm.lookup(exts)
     known = vids >= 0
@@ -78,6 +86,7 @@ def plan_upsert(state: State, exts: np.ndarray, x: np.ndarray, config: IndexConf
     versions[fresh] = 0
     arrays: dict[str, np.ndarray] = {}
     change = Change()
+    undo = None
     if state.graph.n_alive == 0:
         # an empty index: the first vectors are clustered into the first heads
         built = build_postings(x, vids, config, show=False, versions=versions)
@@ -86,17 +95,62 @@ def plan_upsert(state: State, exts: np.ndarray, x: np.ndarray, config: IndexConf
         g = built.graph
         n = g.n
         arrays.update(g_pids=np.arange(n, dtype=np.int64), g_vectors=g.vectors[:n], g_alive=g.alive[:n],
-                      g_rows=np.arange(n, dtype=np.int64), g_row_values=g.nbrs[:n], g_entries=g.entries)
+                      g_radius=g.radius[:n], g_rows=np.arange(n, dtype=np.int64), g_row_values=g.nbrs[:n],
+                      g_entries=g.entries)
         home = built.home
         kind = "bootstrap"
     else:
-        heads, counts = select_replicas(state, x, config, pool)
+        heads, counts, d1 = select_replicas(state, x, config, pool)
+        if config.new_head_factor > 0:
+            undo = _heads_for_outliers(state, x, heads, counts, d1, config, pool, exclude_pids, arrays)
         change.appends = group_appends(heads, counts, vids, versions, x)
         home = heads[:, 0]
         kind = "upsert"
     arrays.update(u_exts=exts, u_vids=vids, u_versions=versions, u_home=home.astype(np.int32),
                   u_retired=retired)
-    return oplog.Record(kind, arrays, {"first_new_vid": int(first_new)}), change
+    return oplog.Record(kind, arrays, {"first_new_vid": int(first_new)}), change, undo
+
+
+def _heads_for_outliers(state: State, x: np.ndarray, heads: np.ndarray, counts: np.ndarray,
+                        d1: np.ndarray, config: IndexConfig, pool: ThreadPoolExecutor | None,
+                        exclude_pids: set[int] | None, arrays: dict) -> Callable[[], None] | None:
+    """Give vectors far outside every posting heads of their own.
+
+    Appended to the nearest (but far) heads, a batch from a new region would sit in postings
+    whose heads point elsewhere; splits would carve new heads out of them eventually, but the
+    vectors' other copies stay scattered where no query near them looks. Clustering such a
+    batch into new heads at once puts it where its queries will search. Rewrites ``heads`` and
+    ``counts`` in place (replicas chosen again with the new heads) and fills the graph
+    section of ``arrays``.
+    """
+    g = state.graph
+    far = g.outside(heads[:, 0], d1, config.new_head_factor)
+    target = max(2.0, config.posting_limit(x.shape[1]) * config.build_fill)
+    if far.sum() < max(2, target / 2):
+        return None  # a few stragglers: ordinary appends, splits take care of them
+    xo = np.ascontiguousarray(x[far])
+    k = int(np.ceil(xo.shape[0] / target))
+    labels = np.empty(xo.shape[0], dtype=np.int64)
+    cents = np.empty((k, x.shape[1]), dtype=np.float32)
+    native.kmeans.balanced_kmeans(xo, k, 8, float(config.split_balance), labels, cents)
+    radius = np.array([((xo[labels == c] - cents[c]) ** 2).sum(axis=1).mean() if (labels == c).any()
+                       else 0.0 for c in range(k)], dtype=np.float32)
+    pids = g.free_pids(k, exclude_pids)
+    touched = g.insert(pids, cents, config.graph_build_ef, radius)
+
+    def undo() -> None:
+        removed = np.zeros(g.capacity, dtype=np.bool_)
+        removed[pids] = True
+        native.graph.remove_nodes(removed, g.vectors, g.nbrs, g.alpha2, np.zeros(g.capacity, np.uint8))
+        g.alive[pids] = False
+        g.n_alive = int(g.alive[: g.n].sum())
+
+    # choose again for the whole batch: rows just inside the threshold belong to the new heads too
+    h, c, _ = select_replicas(state, x, config, pool)
+    heads[:], counts[:] = h, c
+    arrays.update(g_pids=pids, g_vectors=cents, g_alive=np.ones(k, np.bool_), g_radius=radius,
+                  g_rows=touched.astype(np.int64), g_row_values=g.nbrs[touched], g_entries=g.entries)
+    return undo
 
 
 def plan_delete(state: State, exts: np.ndarray) -> oplog.Record | None:

@@ -70,6 +70,10 @@ class PostingStore(Protocol):
     def lengths(self) -> np.ndarray:
         """Records per posting, indexed by pid (0 for absent postings)."""
 
+    def fragments(self, pids: np.ndarray) -> np.ndarray:
+        """Separately stored pieces of each posting (a read pays one lookup per piece;
+        appends add pieces, a replace folds them back into one)."""
+
     def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
         """Log records with sequence number > ``seq``, in order."""
 

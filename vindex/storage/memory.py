@@ -62,6 +62,9 @@ class MemoryStore:
     def lengths(self) -> np.ndarray:
         return self._lengths.array()
 
+    def fragments(self, pids: np.ndarray) -> np.ndarray:
+        return np.array([len(self._chunks.get(int(p), ())) for p in pids], dtype=np.int64)
+
     def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
         return iter([(s, r) for s, r in self._log if s > seq])
 

@@ -226,6 +226,11 @@ class RocksStore:
     def lengths(self) -> np.ndarray:
         return self._lengths.array()
 
+    def fragments(self, pids: np.ndarray) -> np.ndarray:
+        chunks = self._chunks.array()
+        pids = np.asarray(pids, dtype=np.int64)
+        return np.where(pids < chunks.shape[0], chunks[np.minimum(pids, chunks.shape[0] - 1)], 0)
+
     # --- log ----------------------------------------------------------------------------------
     def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
         for key, value in self._cf["log"].items(from_key=struct.pack(">Q", seq + 1)):

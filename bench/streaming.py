@@ -1,0 +1,218 @@
+"""Streaming benchmark: replay a big-ann-benchmarks runbook against several indexes.
+
+    python -m bench.streaming --runbook data/runbooks/big-ann-benchmarks/clustered_runbook.yaml --dataset bigann-10k
+    python -m bench.streaming --runbook data/runbooks/big-ann-benchmarks/clustered_runbook.yaml --dataset glove-100k
+
+Each search step's ground truth is an exact search over the points live at that step. For
+every method and every search-parameter setting it reports recall@10 per step and on
+average, search QPS (one thread), and insert and delete throughput. Methods: vindex,
+vindex with rebalancing off, faiss IVFFlat (centroids trained on the first batch), hnswlib
+(mark_deleted / replace_deleted), and vindex rebuilt from scratch before every search step
+(the ceiling). Runbooks with "clustered" in their key are played over the data set's rows
+grouped by k-means cluster (as the runbooks' own data sets are ordered). Writes
+``<out>/streaming-<dataset>-<runbook>.json`` and ``.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+from . import datasets, measure, report, runbook
+from .stream_methods import METHODS, make
+
+
+def ground_truths(steps, base, queries, metric, k) -> list[np.ndarray]:
+    """Exact top-k ids over the live set at every search step."""
+    live = runbook.LiveSet()
+    out = []
+    for st in steps:
+        if st.op == "search":
+            ids, rows = live.arrays()
+            gt, _ = datasets.ground_truth(base[rows], queries, min(k, ids.size), metric)
+            out.append(ids[gt])
+        else:
+            live.apply(st)
+    return out
+
+
+def play(method, steps, base, queries, truths, metric, k) -> dict:
+    live = runbook.LiveSet()
+    method.setup(base.shape[1], metric, int(max(runbook.max_row_steps(steps), 1)))
+    times = {"insert": 0.0, "delete": 0.0, "replace": 0.0}
+    counts = {"insert": 0, "delete": 0, "replace": 0}
+    per_step, s_i = [], 0
+    for st in steps:
+        if st.op == "search":
+            ids, rows = live.arrays()
+            method.prepare_search(ids, base[rows])
+            truth = truths[s_i]
+            s_i += 1
+            row = {"step": s_i, "live": int(ids.size), "settings": []}
+            for params in method.sweep():
+                t0 = time.perf_counter()
+                found = method.search(queries, k, params)
+                dt = time.perf_counter() - t0
+                row["settings"].append({"params": params, "recall": datasets.recall_at_k(found, truth, min(k, truth.shape[1])),
+                                        "qps": queries.shape[0] / dt,
+                                        "distances": getattr(method, "last_distances", None)})
+            per_step.append(row)
+            continue
+        t0 = time.perf_counter()
+        getattr(method, st.op)(st.ids, base[st.rows])
+        times[st.op] += time.perf_counter() - t0
+        counts[st.op] += int(st.ids.size)
+        live.apply(st)
+    settings = [s["params"] for s in per_step[0]["settings"]] if per_step else []
+    summary = []
+    for j, params in enumerate(settings):
+        dist = [r["settings"][j]["distances"] for r in per_step]
+        summary.append({"params": params,
+                        "recall": float(np.mean([r["settings"][j]["recall"] for r in per_step])),
+                        "qps": float(np.median([r["settings"][j]["qps"] for r in per_step])),
+                        "distances": float(np.mean(dist)) if None not in dist else None})
+    throughput = {op: (counts[op] / times[op] if times[op] > 0 else None) for op in times}
+    out = {"per_step": per_step, "summary": summary, "throughput": throughput, "stats": method.stats()}
+    method.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runbook", required=True)
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--key", default=None, help="runbook entry (default: the first)")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--cluster-order", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args(argv)
+    measure.limit_threads(1)
+
+    ds = datasets.load(args.dataset)
+    key, max_pts, raw = runbook.load(args.runbook, args.key)
+    n = ds.base.shape[0]
+    top = runbook.max_row(raw)
+    factor = n / max(top, max_pts) if top > n or n > max_pts else 1.0
+    steps = runbook.scaled(raw, factor)
+    base = ds.base
+    clustered = args.cluster_order == "on" or (args.cluster_order == "auto" and "clustered" in key)
+    if clustered:
+        inserts = sum(st.op == "insert" for st in steps)
+        base = np.ascontiguousarray(base[runbook.cluster_order(base, max(2, inserts))])
+    queries = ds.queries
+    print(f"{args.dataset} n={n} d={base.shape[1]} {ds.metric}; runbook {os.path.basename(args.runbook)}:{key} "
+          f"(max_pts {max_pts}, rows x{factor:g}, {'cluster-ordered rows' if clustered else 'rows as stored'}); "
+          f"{len(steps)} steps, {sum(s.op == 'search' for s in steps)} searches, {queries.shape[0]} queries",
+          file=sys.stderr, flush=True)
+    truths = ground_truths(steps, base, queries, ds.metric, args.k)
+
+    results = {}
+    for name in args.methods.split(","):
+        t0 = time.perf_counter()
+        results[name] = play(make(name), steps, base, queries, truths, ds.metric, args.k)
+        print(f"[{name}] {time.perf_counter() - t0:.1f} s; " + ", ".join(
+            f"{s['params']}: recall {s['recall']:.4f} qps {s['qps']:.0f}" for s in results[name]["summary"]),
+            file=sys.stderr, flush=True)
+
+    rows = []
+    for name, res in results.items():
+        for s in res["summary"]:
+            tp = res["throughput"]
+            rows.append({"method": name, "params": ",".join(f"{k}={v}" for k, v in s["params"].items()),
+                         "recall": s["recall"], "qps": s["qps"], "dist": s["distances"], "ins": tp["insert"],
+                         "dele": tp["delete"], "rep": tp["replace"]})
+    print()
+    print(report.table(rows, [("method", "method", "s"), ("params", "params", "s"),
+                              ("recall", "avg recall@10", ".4f"), ("qps", "search QPS", ".0f"),
+                              ("dist", "distances/query", ".0f"),
+                              ("ins", "insert/s", ".0f"), ("dele", "delete/s", ".0f"), ("rep", "replace/s", ".0f")]))
+    comparison = compare(results)
+    for line in comparison["lines"]:
+        print(line)
+    name = f"streaming-{args.dataset}-{os.path.splitext(os.path.basename(args.runbook))[0]}"
+    out = os.path.join(args.out, name)
+    meta = {"dataset": args.dataset, "runbook": args.runbook, "key": key, "factor": factor,
+            "cluster_order": clustered, "queries": int(queries.shape[0]), "k": args.k,
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    report.write_json(out + ".json", {"meta": meta, "results": results, "comparison": comparison["data"]})
+    plot_steps(out + ".png", results, f"{args.dataset}: {os.path.basename(args.runbook)} ({key})")
+    print(f"\nwrote {out}.json and {out}.png")
+    return 0
+
+
+def compare(results: dict) -> dict:
+    """vindex's average recall at IVF's search cost, measured two ways (equal distance
+    computations per query, and equal QPS; both interpolated on vindex's curve), and its gap
+    to the rebuilt ceiling at equal settings."""
+    lines, data = [], {}
+    v = results.get("vindex")
+    ivf = results.get("faiss-ivfflat")
+    if v and ivf:
+        for s in ivf["summary"]:
+            by_dist = _recall_at(v["summary"], "distances", s["distances"])
+            by_qps = _recall_at(v["summary"], "qps", s["qps"])
+            data[f"ivf nprobe={s['params']['nprobe']}"] = {
+                "ivf_recall": s["recall"], "ivf_distances": s["distances"], "ivf_qps": s["qps"],
+                "vindex_recall_at_equal_distances": by_dist, "vindex_recall_at_equal_qps": by_qps}
+            fmt = (lambda r: "out of range" if r is None else f"{r:.4f}")
+            lines.append(f"IVF nprobe={s['params']['nprobe']}: recall {s['recall']:.4f} at {s['distances']:.0f} "
+                         f"distances/query, {s['qps']:.0f} QPS; vindex at equal distances {fmt(by_dist)}, "
+                         f"at equal QPS {fmt(by_qps)}")
+    ceil = results.get("vindex-rebuild")
+    if v and ceil:
+        for a, b in zip(v["summary"], ceil["summary"]):
+            data[f"ceiling {a['params']}"] = {"vindex": a["recall"], "rebuilt": b["recall"]}
+            lines.append(f"{a['params']}: vindex {a['recall']:.4f} vs rebuilt every step {b['recall']:.4f} "
+                         f"(gap {b['recall'] - a['recall']:+.4f})")
+    return {"lines": lines, "data": data}
+
+
+def _recall_at(summary: list[dict], key: str, value: float | None) -> float | None:
+    """Recall where the curve's ``key`` (qps or distances) equals ``value``, interpolated
+    linearly between measured settings; None outside the measured range."""
+    pts = [s for s in summary if s.get(key) is not None]
+    if value is None or len(pts) < 1:
+        return None
+    pts = sorted(pts, key=lambda s: s[key])
+    for a, b in zip(pts, pts[1:]):
+        if a[key] <= value <= b[key]:
+            t = (value - a[key]) / (b[key] - a[key]) if b[key] != a[key] else 0.0
+            return a["recall"] + t * (b["recall"] - a["recall"])
+    if key == "distances" and value > pts[-1][key]:
+        return pts[-1]["recall"]  # more work than vindex's largest setting needs
+    if key == "qps" and value < pts[0][key]:
+        return pts[0]["recall"]   # slower than vindex's slowest setting
+    return None
+
+
+def plot_steps(path: str, results: dict, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, res in results.items():
+        if not res["per_step"]:
+            continue
+        j = len(res["per_step"][0]["settings"]) // 2
+        p = res["per_step"][0]["settings"][j]["params"]
+        ax.plot([r["step"] for r in res["per_step"]], [r["settings"][j]["recall"] for r in res["per_step"]],
+                marker="o", ms=3, label=f"{name} ({', '.join(f'{k}={v}' for k, v in p.items())})")
+    ax.set_xlabel("search step")
+    ax.set_ylabel("recall@10")
+    ax.grid(True, alpha=0.3)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
