@@ -18,7 +18,7 @@ STORES = ("rocksdb", "memory")
 
 #: Fields that may differ between the process that built an index and one that reopens it.
 RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebalance_batch",
-                            "checkpoint_every"})
+                            "checkpoint_every", "scrub_ratio"})
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,10 @@ class IndexConfig:
     """A posting is rewritten without garbage once this fraction of it is known dead."""
     reassign_neighbors: int = 64
     """Postings around a split whose vectors are checked for reassignment."""
+    scrub_ratio: float = 1.0
+    """Stored vectors re-checked in the background per vector written: each is moved if its
+    posting is no longer among the ones the RNG rule picks (0: only SPFresh's reassignment
+    around splits)."""
     split_balance: float = 1.0
     """Size penalty of the balanced k-means that splits a posting (0: plain k-means)."""
     rebalance_batch: int = 256
@@ -74,7 +78,7 @@ class IndexConfig:
     """Beam width when inserting a head into the graph."""
     graph_alpha: float = 1.2
     """DiskANN pruning factor; > 1 keeps longer edges for faster navigation."""
-    graph_entries: int = 64
+    graph_entries: int = 256
     """Entry points (a sample of heads) every head search starts from."""
 
     # --- clustering ------------------------------------------------------------------------
@@ -129,6 +133,7 @@ class IndexConfig:
         need(0 < self.gc_fraction <= 1, "gc_fraction", "in (0, 1]")
         need(0 <= self.reassign_neighbors <= 1024, "reassign_neighbors", "0..1024")
         need(self.split_balance >= 0, "split_balance", ">= 0")
+        need(self.scrub_ratio >= 0, "scrub_ratio", ">= 0")
         need(1 <= self.rebalance_batch <= 65536, "rebalance_batch", "1..65536")
         need(self.checkpoint_every >= 1, "checkpoint_every", ">= 1")
         need(4 <= self.graph_degree <= 256, "graph_degree", "4..256")

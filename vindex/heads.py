@@ -213,16 +213,25 @@ class HeadGraph:
         return np.flatnonzero(touched)
 
     def _refresh_entries(self, fresh: np.ndarray) -> None:
-        """Keep ``n_entries`` alive entry points: drop dead ones, top up from ``fresh`` heads,
-        then from any alive heads."""
+        """Keep ``n_entries`` alive entry points that sample the current heads: drop dead
+        ones, top up from ``fresh`` heads and then any alive ones, and let each fresh head
+        replace a random entry with probability ``n_entries / n_alive`` (reservoir sampling),
+        so regions that appear later get entries too."""
         keep = self.entries[self.alive[self.entries]] if self.entries.size else self.entries
         want = min(self.n_entries, self.n_alive)
+        fresh = np.asarray(fresh, np.int64)
         if keep.size < want:
-            pool = np.concatenate((np.asarray(fresh, np.int64), np.flatnonzero(self.alive[: self.n])))
+            pool = np.concatenate((fresh, np.flatnonzero(self.alive[: self.n])))
             pool = pool[~np.isin(pool, keep)]
             _, first = np.unique(pool, return_index=True)
             pool = pool[np.sort(first)]
             keep = np.concatenate((keep, pool[: want - keep.size]))
+        elif fresh.size and self.n_alive:
+            rng = np.random.default_rng()
+            hit = rng.random(fresh.size) < keep.size / self.n_alive
+            if hit.any():
+                keep = keep.copy()
+                keep[rng.integers(0, keep.size, int(hit.sum()))] = fresh[hit]
         self.entries = np.ascontiguousarray(keep, dtype=np.int32)
 
     def set_state(self, pids: np.ndarray, vectors: np.ndarray, alive: np.ndarray,

@@ -288,6 +288,7 @@ class Index:
                 raise
             written = np.asarray(list(change.appends) + list(change.replaces), dtype=np.int64)
             self._after_write(written, old_homes)
+            self._rebalancer.earn_scrub(int(exts.size))
 
     def delete(self, ids: Any) -> int:
         """Delete ``ids``; returns how many were live. Unknown or already deleted ids are

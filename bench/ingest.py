@@ -1,0 +1,141 @@
+"""Ingest benchmark: sustained upsert throughput against hnswlib's add, the time the
+background needs to drain afterwards, and search latency while ingest runs flat out.
+
+    python -m bench.ingest --n 1m
+
+1. vindex is built over the first ``--initial`` synthetic vectors, then the rest are upserted
+   in batches of ``--batch`` (rebalancing on): throughput, then the seconds until
+   ``wait_idle`` returns.
+2. hnswlib (M=16, ef_construction=200) is built over the same first vectors, then the same
+   batches are added with ``num_threads=--threads``: throughput.
+3. On the full vindex index, batch-size-1 searches on one thread measure p50/p99 latency
+   idle, then again while another thread upserts (replaces vectors) flat out.
+Writes ``<out>/ingest-<n>.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+import vindex
+
+from . import datasets, measure, report, synthetic
+
+
+def upsert_all(index: vindex.Index, ids: np.ndarray, x: np.ndarray, batch: int) -> float:
+    t0 = time.perf_counter()
+    for lo in range(0, ids.shape[0], batch):
+        index.upsert(ids[lo:lo + batch], x[lo:lo + batch])
+    return time.perf_counter() - t0
+
+
+def latencies(index: vindex.Index, queries: np.ndarray, m: int) -> np.ndarray:
+    out = np.empty(queries.shape[0])
+    for i, q in enumerate(queries):
+        t0 = time.perf_counter()
+        index.search(q, 10, max_postings=m)
+        out[i] = time.perf_counter() - t0
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", default="1m")
+    ap.add_argument("--initial", default="500k")
+    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="build/add threads")
+    ap.add_argument("--max-postings", type=int, default=32)
+    ap.add_argument("--latency-queries", type=int, default=3000)
+    ap.add_argument("--skip-hnswlib", action="store_true")
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args(argv)
+    n, n0 = datasets.parse_count(args.n), datasets.parse_count(args.initial)
+    base, queries, _ = synthetic.load_cached(n, 128, 0)
+    base = np.asarray(base)
+    extra = synthetic.make_rows(n, n + 200_000, 128, 0)  # replacement vectors, same distribution
+    ids = np.arange(n0, n, dtype=np.int64)
+    work = tempfile.mkdtemp(prefix="vindex-ingest-")
+    result: dict = {"meta": {"n": n, "initial": n0, "batch": args.batch, "threads": args.threads,
+                             "time": time.strftime("%Y-%m-%d %H:%M:%S")}}
+    try:
+        measure.limit_threads(args.threads)
+        t0 = time.perf_counter()
+        index = vindex.Index.build(f"{work}/v", base[:n0], build_threads=args.threads, progress=False)
+        result["vindex_build_initial_s"] = time.perf_counter() - t0
+        secs = upsert_all(index, ids, base[n0:], args.batch)
+        t0 = time.perf_counter()
+        index.wait_idle()
+        drain = time.perf_counter() - t0
+        s = index.stats()
+        result["vindex"] = {"upsert_per_s": ids.size / secs, "seconds": secs, "drain_s": drain,
+                            **{k: s[k] for k in ("heads", "posting_mean", "posting_max", "postings_over_limit",
+                                                 "splits", "merges", "reassigns", "gc")}}
+        print(f"[vindex] {ids.size / secs:.0f} upserts/s ({secs:.1f} s), background drained {drain:.1f} s after",
+              file=sys.stderr, flush=True)
+
+        # search latency idle, then under flat-out ingest
+        measure.limit_threads(1)
+        q = queries[: args.latency_queries]
+        latencies(index, q[:200], args.max_postings)
+        idle = latencies(index, q, args.max_postings)
+        stop = threading.Event()
+        ingested = [0]
+
+        def ingest():
+            lo = 0
+            while not stop.is_set():
+                rows = np.arange(lo, lo + args.batch) % extra.shape[0]
+                index.upsert(rows.astype(np.int64), extra[rows])  # replaces ids 0..199999
+                ingested[0] += args.batch
+                lo += args.batch
+
+        t = threading.Thread(target=ingest)
+        t.start()
+        time.sleep(1.0)
+        t_busy = time.perf_counter()
+        busy = latencies(index, q, args.max_postings)
+        busy_s = time.perf_counter() - t_busy
+        stop.set()
+        t.join()
+        index.wait_idle()
+        pi, pb = measure.percentiles(idle), measure.percentiles(busy)
+        result["latency"] = {"idle": pi, "under_ingest": pb, "p99_ratio": pb["p99"] / pi["p99"],
+                             "ingest_per_s_meanwhile": ingested[0] / (busy_s + 1.0)}
+        print(f"[latency] idle p50 {pi['p50']:.3f} p99 {pi['p99']:.3f} ms; under ingest p50 {pb['p50']:.3f} "
+              f"p99 {pb['p99']:.3f} ms (x{pb['p99'] / pi['p99']:.2f}); ingest meanwhile "
+              f"{result['latency']['ingest_per_s_meanwhile']:.0f}/s", file=sys.stderr, flush=True)
+        index.close()
+
+        if not args.skip_hnswlib:
+            import hnswlib
+
+            h = hnswlib.Index(space="l2", dim=128)
+            h.init_index(max_elements=n, M=16, ef_construction=200, random_seed=100)
+            t0 = time.perf_counter()
+            h.add_items(base[:n0], np.arange(n0), num_threads=args.threads)
+            result["hnswlib_build_initial_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for lo in range(0, ids.size, args.batch):
+                h.add_items(base[n0 + lo:n0 + lo + args.batch], ids[lo:lo + args.batch], num_threads=args.threads)
+            hs = time.perf_counter() - t0
+            result["hnswlib"] = {"add_per_s": ids.size / hs, "seconds": hs}
+            result["ratio_vs_hnswlib"] = result["vindex"]["upsert_per_s"] / result["hnswlib"]["add_per_s"]
+            print(f"[hnswlib] {ids.size / hs:.0f} adds/s ({hs:.1f} s); vindex/hnswlib = "
+                  f"{result['ratio_vs_hnswlib']:.2f}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out = os.path.join(args.out, f"ingest-{args.n}")
+    report.write_json(out + ".json", result)
+    print(f"wrote {out}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
