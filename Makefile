@@ -1,11 +1,11 @@
 # Two entry points for a fresh machine (Python 3.10+ with venv):
-#   make run    install, then build an index on bundled data and query it
+#   make run    install, then start the gRPC server with the bundled "wiki" collection
 #   make test   install with test extras, then run the test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install install-test bench clean
+.PHONY: run demo test install install-test bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ install-test: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 
 run: install
+	$(BIN)/vindex serve --data ./vindex-data --sample wiki
+
+demo: install
 	$(BIN)/vindex demo
 
 test: install-test

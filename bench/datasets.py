@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vindex import vecfiles
+
 __all__ = [
     "DATA_DIR",
     "METRICS",
@@ -178,46 +180,25 @@ def load(name: str) -> Dataset:
 # Readers. Each takes an optional max_rows so a prefix of a huge file can be read cheaply.
 
 
-def _xvecs(path: str | os.PathLike, elem: np.dtype, max_rows: int | None) -> np.ndarray:
-    # texmex layout: every row is an int32 dimension followed by d elements.
-    elem = np.dtype(elem)
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if len(head) < 4:
-        return np.empty((0, 0), dtype=elem)
-    d = int(np.frombuffer(head, dtype="<i4")[0])
-    if d <= 0:
-        raise ValueError(f"{path}: bad dimension {d} in first record")
-    row_bytes = 4 + d * elem.itemsize
-    size = os.path.getsize(path)
-    if size % row_bytes:
-        raise ValueError(f"{path}: size {size} is not a multiple of the {row_bytes}-byte record")
-    n = size // row_bytes
-    if max_rows is not None:
-        n = min(n, int(max_rows))
-    raw = np.fromfile(path, dtype=np.uint8, count=n * row_bytes).reshape(n, row_bytes)
-    dims = raw[:, :4].copy().view("<i4").ravel()
-    if np.any(dims != d):
-        raise ValueError(f"{path}: records have differing dimensions")
-    return np.ascontiguousarray(raw[:, 4:]).view(elem.newbyteorder("<")).astype(elem, copy=False)
+def _read(path: str | os.PathLike, suffix: str, max_rows: int | None, key: str = "train") -> np.ndarray:
+    if Path(path).suffix.lower() != suffix:
+        raise ValueError(f"{path}: expected a {suffix} file")
+    return vecfiles.read_vectors(path, max_rows, key)
 
 
 def read_fvecs(path: str | os.PathLike, max_rows: int | None = None) -> np.ndarray:
     """Read a texmex ``.fvecs`` file as (n, d) float32."""
-    return _xvecs(path, np.float32, max_rows)
+    return _read(path, ".fvecs", max_rows)
 
 
 def read_ivecs(path: str | os.PathLike, max_rows: int | None = None) -> np.ndarray:
     """Read a texmex ``.ivecs`` file (e.g. ground truth) as (n, d) int32."""
-    return _xvecs(path, np.int32, max_rows)
+    return _read(path, ".ivecs", max_rows)
 
 
 def read_bvecs(path: str | os.PathLike, max_rows: int | None = None) -> np.ndarray:
     """Read a texmex ``.bvecs`` file as (n, d) uint8."""
-    return _xvecs(path, np.uint8, max_rows)
-
-
-_BIN_DTYPES = {".fbin": np.float32, ".u8bin": np.uint8, ".i8bin": np.int8, ".ibin": np.int32}
+    return _read(path, ".bvecs", max_rows)
 
 
 def read_bin(path: str | os.PathLike, max_rows: int | None = None, dtype: np.dtype | None = None) -> np.ndarray:
@@ -227,69 +208,33 @@ def read_bin(path: str | os.PathLike, max_rows: int | None = None, dtype: np.dty
     .ibin int32) unless ``dtype`` is given.
     """
     if dtype is None:
-        suffix = Path(path).suffix.lower()
-        if suffix not in _BIN_DTYPES:
-            raise ValueError(f"{path}: unknown binary suffix {suffix!r}; pass dtype=")
-        dtype = _BIN_DTYPES[suffix]
+        return vecfiles.read_vectors(path, max_rows)
     dtype = np.dtype(dtype).newbyteorder("<")
     header = np.fromfile(path, dtype="<i4", count=2)
     if header.size < 2:
         raise ValueError(f"{path}: missing 8-byte header")
     n, d = int(header[0]), int(header[1])
-    expected = 8 + n * d * dtype.itemsize
-    if os.path.getsize(path) < expected:
+    if os.path.getsize(path) < 8 + n * d * dtype.itemsize:
         raise ValueError(f"{path}: header says {n}x{d} but the file is too short")
-    if max_rows is not None:
-        n = min(n, int(max_rows))
+    n = n if max_rows is None else min(n, int(max_rows))
     data = np.fromfile(path, dtype=dtype, count=n * d, offset=8)
     return data.reshape(n, d).astype(dtype.newbyteorder("="), copy=False)
 
 
 def read_npy(path: str | os.PathLike, max_rows: int | None = None) -> np.ndarray:
     """Read a 2-D ``.npy`` array; with ``max_rows`` only that prefix is read (via mmap)."""
-    arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    if arr.ndim != 2:
-        raise ValueError(f"{path}: expected a 2-D array, got shape {arr.shape}")
-    if max_rows is not None:
-        arr = arr[: int(max_rows)]
-    return np.ascontiguousarray(arr)  # copies out of the mmap
+    return _read(path, ".npy", max_rows)
 
 
 def read_hdf5(path: str | os.PathLike, max_rows: int | None = None, key: str = "train") -> np.ndarray:
     """Read one array of an ann-benchmarks HDF5 file (keys train / test / neighbors / distances)."""
-    try:
-        import h5py  # optional: only needed for ann-benchmarks files
-    except ImportError as e:
-        raise ImportError(
-            "reading .hdf5 files needs h5py, which is not installed; `pip install h5py`"
-        ) from e
-    with h5py.File(path, "r") as f:
-        if key not in f:
-            raise KeyError(f"{path}: no dataset {key!r}; has {sorted(f.keys())}")
-        ds = f[key]
-        return np.ascontiguousarray(ds[:] if max_rows is None else ds[: int(max_rows)])
+    return vecfiles.read_vectors(path, max_rows, key)
 
 
 def read_vectors(path: str | os.PathLike, max_rows: int | None = None) -> np.ndarray:
-    """Read vectors from any supported file, choosing the reader by suffix.
-
-    .fvecs/.ivecs/.bvecs (texmex), .fbin/.u8bin/.i8bin/.ibin (big-ann-benchmarks), .npy,
-    .hdf5/.h5 (ann-benchmarks; the "train" array).
-    """
-    suffix = Path(path).suffix.lower()
-    readers = {
-        ".fvecs": read_fvecs,
-        ".ivecs": read_ivecs,
-        ".bvecs": read_bvecs,
-        ".npy": read_npy,
-        ".hdf5": read_hdf5,
-        ".h5": read_hdf5,
-    }
-    if suffix in _BIN_DTYPES:
-        return read_bin(path, max_rows)
-    if suffix not in readers:
-        raise ValueError(f"{path}: unsupported suffix {suffix!r}")
-    return readers[suffix](path, max_rows)
+    """Read vectors from any supported file, choosing the reader by suffix (see
+    :mod:`vindex.vecfiles`)."""
+    return vecfiles.read_vectors(path, max_rows)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,6 +45,39 @@ def latencies(index: vindex.Index, queries: np.ndarray, m: int) -> np.ndarray:
     return out
 
 
+def latency_under_ingest(index: vindex.Index, q: np.ndarray, extra: np.ndarray, args: argparse.Namespace) -> dict:
+    """Batch-size-1 latency idle, then while another thread upserts flat out."""
+    idle = latencies(index, q, args.max_postings)
+    stop = threading.Event()
+    ingested = [0]
+
+    def ingest():
+        lo = 0
+        while not stop.is_set():
+            rows = np.arange(lo, lo + args.batch) % extra.shape[0]
+            index.upsert(rows.astype(np.int64), extra[rows])  # replaces ids 0..199999
+            ingested[0] += args.batch
+            lo += args.batch
+
+    t = threading.Thread(target=ingest)
+    t.start()
+    time.sleep(1.0)
+    t_busy = time.perf_counter()
+    busy = latencies(index, q, args.max_postings)
+    busy_s = time.perf_counter() - t_busy
+    stop.set()
+    t.join()
+    index.wait_idle()
+    pi, pb = measure.percentiles(idle), measure.percentiles(busy)
+    out = {"idle": pi, "under_ingest": pb, "p99_ratio": pb["p99"] / pi["p99"],
+           "ingest_per_s_meanwhile": ingested[0] / (busy_s + 1.0)}
+    print(f"[latency, switch interval {sys.getswitchinterval() * 1e3:.1f} ms] idle p50 {pi['p50']:.3f} "
+          f"p99 {pi['p99']:.3f} ms; under ingest p50 {pb['p50']:.3f} p99 {pb['p99']:.3f} ms "
+          f"(x{pb['p99'] / pi['p99']:.2f}); ingest meanwhile {out['ingest_per_s_meanwhile']:.0f}/s",
+          file=sys.stderr, flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", default="1m")
@@ -54,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-postings", type=int, default=32)
     ap.add_argument("--latency-queries", type=int, default=3000)
     ap.add_argument("--skip-hnswlib", action="store_true")
+    ap.add_argument("--switch-intervals", default="0.005,0.0005",
+                    help="GIL switch intervals (s) to measure latency under ingest with (Python's default is 0.005)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
     n, n0 = datasets.parse_count(args.n), datasets.parse_count(args.initial)
@@ -80,37 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[vindex] {ids.size / secs:.0f} upserts/s ({secs:.1f} s), background drained {drain:.1f} s after",
               file=sys.stderr, flush=True)
 
-        # search latency idle, then under flat-out ingest
+        # search latency idle, then under flat-out ingest, per GIL switch interval
         measure.limit_threads(1)
         q = queries[: args.latency_queries]
         latencies(index, q[:200], args.max_postings)
-        idle = latencies(index, q, args.max_postings)
-        stop = threading.Event()
-        ingested = [0]
-
-        def ingest():
-            lo = 0
-            while not stop.is_set():
-                rows = np.arange(lo, lo + args.batch) % extra.shape[0]
-                index.upsert(rows.astype(np.int64), extra[rows])  # replaces ids 0..199999
-                ingested[0] += args.batch
-                lo += args.batch
-
-        t = threading.Thread(target=ingest)
-        t.start()
-        time.sleep(1.0)
-        t_busy = time.perf_counter()
-        busy = latencies(index, q, args.max_postings)
-        busy_s = time.perf_counter() - t_busy
-        stop.set()
-        t.join()
-        index.wait_idle()
-        pi, pb = measure.percentiles(idle), measure.percentiles(busy)
-        result["latency"] = {"idle": pi, "under_ingest": pb, "p99_ratio": pb["p99"] / pi["p99"],
-                             "ingest_per_s_meanwhile": ingested[0] / (busy_s + 1.0)}
-        print(f"[latency] idle p50 {pi['p50']:.3f} p99 {pi['p99']:.3f} ms; under ingest p50 {pb['p50']:.3f} "
-              f"p99 {pb['p99']:.3f} ms (x{pb['p99'] / pi['p99']:.2f}); ingest meanwhile "
-              f"{result['latency']['ingest_per_s_meanwhile']:.0f}/s", file=sys.stderr, flush=True)
+        result["latency"] = {}
+        default_interval = sys.getswitchinterval()
+        for interval in (float(v) for v in args.switch_intervals.split(",")):
+            sys.setswitchinterval(interval)
+            result["latency"][str(interval)] = latency_under_ingest(index, q, extra, args)
+        sys.setswitchinterval(default_interval)
         index.close()
 
         if not args.skip_hnswlib:

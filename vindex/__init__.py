@@ -10,7 +10,7 @@ numba kernels for every hot loop.
 from __future__ import annotations
 
 from .config import IndexConfig
-from .errors import (CorruptionError, DimensionError, DuplicateIdError, IndexClosedError,
+from .errors import (CorruptionError, DimensionError, DuplicateIdError, IdExistsError, IndexClosedError,
                      IndexExistsError, IndexLockedError, IndexNotFoundError, InvalidConfigError, InvalidIdError,
                      InvalidInputError, InvalidKError, LengthMismatchError, NonFiniteError,
                      NotAnIndexError, VindexError)
@@ -26,10 +26,19 @@ def warmup() -> None:
     native.warmup()
 
 
+def __getattr__(name: str):
+    # the gRPC client loads grpc and protobuf, so only when asked for
+    if name in ("Client", "Collection", "ServiceError"):
+        from service import client, status
+
+        return {"Client": client.Client, "Collection": client.Collection, "ServiceError": status.ServiceError}[name]
+    raise AttributeError(f"module 'vindex' has no attribute {name!r}")
+
+
 __all__ = [
-    "Index", "IndexConfig", "SearchResult", "warmup",
+    "Index", "Client", "Collection", "ServiceError", "IndexConfig", "SearchResult", "warmup",
     "VindexError", "InvalidInputError", "DimensionError", "NonFiniteError", "InvalidKError",
-    "InvalidIdError", "LengthMismatchError", "DuplicateIdError", "IndexNotFoundError",
+    "InvalidIdError", "LengthMismatchError", "DuplicateIdError", "IdExistsError", "IndexNotFoundError",
     "NotAnIndexError", "IndexExistsError", "IndexLockedError", "InvalidConfigError", "IndexClosedError",
     "CorruptionError",
 ]

@@ -44,6 +44,10 @@ class DuplicateIdError(InvalidInputError):
         self.ids = [int(i) for i in ids]
 
 
+class IdExistsError(DuplicateIdError):
+    """``add`` of ids already in the index (ALREADY_EXISTS over gRPC)."""
+
+
 class IndexNotFoundError(InvalidInputError, FileNotFoundError):
     """``Index.open`` on a path that does not exist."""
 

@@ -14,7 +14,7 @@ from . import checkpoint, layout, oplog, validation, writes
 from .build import build_postings
 from .config import IndexConfig, check_metric, record_bytes
 from .engine import Engine
-from .errors import CorruptionError, DuplicateIdError, IndexClosedError, preview
+from .errors import CorruptionError, IdExistsError, IndexClosedError, preview
 from .heads import METRIC_CODES, HeadGraph
 from .idmap import IdMap
 from .progress import enabled
@@ -276,7 +276,7 @@ class Index:
                 live = eng.state.idmap.live_vids(exts) >= 0
                 if live.any():
                     dup = np.sort(exts[live])
-                    raise DuplicateIdError(f"ids already in the index: {preview(dup)}", dup)
+                    raise IdExistsError(f"ids already in the index: {preview(dup)}", dup)
             old_homes = self._homes_of(exts)
             rec, change, undo = writes.plan_upsert(eng.state, exts, x, self.config, self._pool,
                                                    self._rebalancer.limbo_pids)

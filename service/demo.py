@@ -1,41 +1,24 @@
-"""The ``vindex`` command line.
-
-``vindex demo`` builds an index over a bundled data set (or opens the one built before), runs
-its query set, and prints recall@10 against the exact ground truth and per-query latency.
-"""
+"""``vindex demo``: the library alone, no server. Builds an index over a bundled data set (or
+opens the one built before), runs its query set and prints recall@10 against the exact ground
+truth with batch QPS and per-query latency at several settings."""
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
 
 import numpy as np
 
-DEMO_SETS = {
-    "wiki": "wiki-minilm-15k-cos.npz",
-    "bigann": "bigann-10k-u8-l2.npz",
-    "glove": "glove-6b-50d-100k-angular.npz",
-}
+from .sample import load_npz
 
 
-def _data_dir() -> str:
-    return os.environ.get("VINDEX_DATA_DIR") or os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
-
-
-def demo(args: argparse.Namespace) -> int:
+def demo(dataset: str, data_dir: str) -> int:
+    """Build (or open) an index over a bundled data set, print recall and latency per setting."""
     import vindex
 
-    path = os.path.join(_data_dir(), DEMO_SETS[args.dataset])
-    if not os.path.exists(path):
-        print(f"vindex demo: bundled data set not found at {path} (set VINDEX_DATA_DIR)", file=sys.stderr)
-        return 2
-    with np.load(path) as z:
-        data = {k: z[k] for k in z.files}
+    data = load_npz(dataset)
     metric = "l2" if str(data["metric"]).startswith("l2") else "cosine"
     base, queries, gt = data["base"], data["queries"], data["gt_ids"][:, :10]
-    index_dir = os.path.join(args.data, f"demo-{args.dataset}")
+    index_dir = os.path.join(data_dir, f"demo-{dataset}")
     t0 = time.perf_counter()
     vindex.warmup()
     print(f"kernels ready in {time.perf_counter() - t0:.1f} s")
@@ -71,18 +54,3 @@ def demo(args: argparse.Namespace) -> int:
             for i, d in zip(ids[0], dists[0]):
                 print(f"  {d:.3f}  {data['base_title'][i]}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="vindex", description="vindex: updatable disk-resident ANN index")
-    sub = ap.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="build an index on a bundled data set and query it")
-    d.add_argument("--dataset", choices=sorted(DEMO_SETS), default="wiki")
-    d.add_argument("--data", default="./vindex-data", help="directory for index data (default ./vindex-data)")
-    d.set_defaults(func=demo)
-    args = ap.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The ``vindex`` command line.
+
+    vindex serve  [--data DIR] [--host H] [--port P] [--sample wiki]   run the gRPC server
+    vindex create NAME --dim D [--metric cosine] [--set key=value ...]  create a collection
+    vindex ingest NAME FILE [--batch N]       stream a vector file in (resumable, with progress)
+    vindex query  NAME (--id ID | --file F)   nearest neighbours of a stored id or of file rows
+    vindex stats  NAME | list | drop NAME     inspect and manage collections
+    vindex demo                               the library alone: build and query a bundled set
+
+Every client command talks to ``--server`` (default ``127.0.0.1:50051``, or ``$VINDEX_SERVER``).
+Heavy imports are deferred so ``serve`` can pin BLAS/OpenMP to one thread per call first.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+#: One BLAS/OpenMP thread per call: the server runs many calls at once on its own pool.
+_SERVE_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+# --- serve ---------------------------------------------------------------------------------------
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import Limits, ServerConfig, serve
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader logs which CPU build it picked
+    limits = Limits(max_rows=args.max_rows, max_queries=args.max_queries, max_k=args.max_k,
+                    max_concurrent_rpcs=args.max_concurrent_rpcs)
+    cfg = ServerConfig(data_dir=args.data, host=args.host, port=args.port, workers=args.workers,
+                       limits=limits, sample=None if args.sample == "none" else args.sample)
+
+    def ready(server: Any) -> None:
+        names = server.collections.names()
+        print(f"vindex: serving {len(names)} collection(s) {names} on {cfg.host}:{server.port} "
+              f"(data {os.path.abspath(cfg.data_dir)}); Ctrl-C or SIGTERM stops", flush=True)
+
+    serve(cfg, ready)
+    print("vindex: stopped", flush=True)
+    return 0
+
+
+# --- client commands -----------------------------------------------------------------------------
+def _client(args: argparse.Namespace) -> Any:
+    import vindex
+
+    return vindex.Client(args.server, timeout=args.timeout)
+
+
+def _config_pairs(pairs: list[str]) -> dict:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"vindex: --set expects key=value, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        col = client.create_collection(args.name, dim=args.dim, metric=args.metric, exist_ok=args.exist_ok,
+                                       **_config_pairs(args.set))
+        print(f"collection {col.name!r}: dim {col.dim}, metric {col.metric}, {len(col)} vectors")
+    return 0
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from .ingest import ingest_file
+
+    with _client(args) as client:
+        return ingest_file(client, args.name, args.file, batch=args.batch, id_offset=args.id_offset,
+                           metric=args.metric, key=args.key, limit=args.limit, restart=args.restart,
+                           progress=not args.quiet)
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from vindex.vecfiles import open_vectors
+
+    with _client(args) as client:
+        col = client.collection(args.name)
+        if args.id is not None:
+            x, found = col.get([args.id])
+            if not found[0]:
+                print(f"vindex: id {args.id} is not in collection {args.name!r}", file=sys.stderr)
+                return 1
+            queries, labels = x, [f"id {args.id}"]
+        else:
+            f = open_vectors(args.file, args.key)
+            lo, _, hi = args.rows.partition(":")
+            lo_i, hi_i = int(lo or 0), int(hi) if hi else int(lo or 0) + 1
+            queries = np.asarray(f[lo_i:hi_i], dtype=np.float32)
+            labels = [f"{args.file} row {r}" for r in range(lo_i, lo_i + queries.shape[0])]
+        params = {} if args.max_postings is None else {"max_postings": args.max_postings}
+        t0 = time.perf_counter()
+        res = col.search(queries, args.k, **params)
+        ms = (time.perf_counter() - t0) * 1e3
+        for label, ids, dists in zip(labels, res.ids, res.distances):
+            print(f"{label}:")
+            for rank, (i, d) in enumerate(zip(ids, dists), 1):
+                if i >= 0:
+                    print(f"  {rank:>3}  id {i:<12} distance {d:.4f}")
+        print(f"({queries.shape[0]} quer{'y' if queries.shape[0] == 1 else 'ies'}, k={args.k}, {ms:.1f} ms)")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        print(json.dumps(client.collection(args.name).stats(), indent=2))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        for name in client.list_collections():
+            col = client.collection(name)
+            print(f"{name}\tdim {col.dim}\t{col.metric}\t{len(col)} vectors")
+    return 0
+
+
+def cmd_drop(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        dropped = client.drop_collection(args.name)
+    print(f"dropped {args.name!r}" if dropped else f"no collection named {args.name!r}")
+    return 0 if dropped else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import demo
+
+    return demo(args.dataset, args.data)
+
+
+# --- parser --------------------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="vindex", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the gRPC server on an embedded store")
+    s.add_argument("--data", default="./vindex-data", help="data directory (default ./vindex-data)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=50051, help="0 picks a free port (printed when ready)")
+    s.add_argument("--sample", default="none", choices=["none", "wiki", "bigann", "glove"],
+                   help="load this bundled data set as a collection of the same name if absent")
+    s.add_argument("--workers", type=int, default=0, help="threads running calls (default 2 x cores)")
+    s.add_argument("--max-rows", type=int, default=100_000, help="ids or vectors per request")
+    s.add_argument("--max-queries", type=int, default=10_000, help="queries per search request")
+    s.add_argument("--max-k", type=int, default=1024)
+    s.add_argument("--max-concurrent-rpcs", type=int, default=256,
+                   help="calls beyond this are refused with RESOURCE_EXHAUSTED")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(func=cmd_serve)
+
+    def client_parser(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--server", default=os.environ.get("VINDEX_SERVER", DEFAULT_SERVER))
+        p.add_argument("--timeout", type=float, default=60.0, help="seconds per call")
+        return p
+
+    c = client_parser("create", "create a collection")
+    c.add_argument("name")
+    c.add_argument("--dim", type=int, required=True)
+    c.add_argument("--metric", default="l2", choices=["l2", "ip", "cosine"])
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an IndexConfig field")
+    c.add_argument("--exist-ok", action="store_true")
+    c.set_defaults(func=cmd_create)
+
+    i = client_parser("ingest", "upsert the vectors of a file (.npy .fvecs .bvecs .fbin .u8bin .hdf5)")
+    i.add_argument("name")
+    i.add_argument("file")
+    i.add_argument("--batch", type=int, default=2048, help="rows per acknowledged chunk")
+    i.add_argument("--id-offset", type=int, default=0, help="row r gets id r + offset")
+    i.add_argument("--metric", default="l2", choices=["l2", "ip", "cosine"],
+                   help="metric if the collection has to be created")
+    i.add_argument("--key", default="train", help="array name in an .hdf5 file")
+    i.add_argument("--limit", type=int, default=None, help="ingest only the first LIMIT rows")
+    i.add_argument("--restart", action="store_true", help="ignore saved progress and start at row 0")
+    i.add_argument("--quiet", action="store_true", help="no progress bar")
+    i.set_defaults(func=cmd_ingest)
+
+    q = client_parser("query", "search a collection")
+    q.add_argument("name")
+    src = q.add_mutually_exclusive_group(required=True)
+    src.add_argument("--id", type=int, help="use this stored vector as the query")
+    src.add_argument("--file", help="take queries from this vector file")
+    q.add_argument("--rows", default="0", help="rows of --file: R or LO:HI (default 0)")
+    q.add_argument("--key", default="test", help="array name in an .hdf5 file")
+    q.add_argument("-k", type=int, default=10)
+    q.add_argument("--max-postings", type=int, default=None)
+    q.set_defaults(func=cmd_query)
+
+    st = client_parser("stats", "print a collection's statistics as JSON")
+    st.add_argument("name")
+    st.set_defaults(func=cmd_stats)
+    ls = client_parser("list", "list collections")
+    ls.set_defaults(func=cmd_list)
+    dr = client_parser("drop", "drop a collection and its data")
+    dr.add_argument("name")
+    dr.set_defaults(func=cmd_drop)
+
+    d = sub.add_parser("demo", help="library only: build an index on a bundled data set and query it")
+    d.add_argument("--dataset", choices=["wiki", "bigann", "glove"], default="wiki")
+    d.add_argument("--data", default="./vindex-data", help="directory for index data (default ./vindex-data)")
+    d.set_defaults(func=cmd_demo)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "serve":
+        for var in _SERVE_ENV:
+            os.environ.setdefault(var, "1")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # library and service errors: one clear line, no traceback
+        from vindex.errors import VindexError
+
+        if isinstance(e, (VindexError, FileNotFoundError, ValueError, KeyError, ImportError)):
+            print(f"vindex {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""The Python client: the library's ``Index`` API over gRPC.
+
+::
+
+    client = vindex.Client("127.0.0.1:50051")
+    col = client.create_collection("docs", dim=384, metric="cosine")
+    col.upsert(ids, vectors)
+    ids, dists = col.search(queries, k=10)
+
+A :class:`Collection` has the names, arguments, return types and exceptions of
+:class:`vindex.Index`, so a pipeline moves between embedded and remote by changing the line that
+opens it. Failed calls raise the library's exceptions (``DimensionError``, ``IdExistsError``,
+...); transport failures raise :class:`ServiceError` carrying the gRPC status code.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Iterable, Iterator
+
+import grpc
+import numpy as np
+
+from vindex import validation
+from vindex.index import SearchResult, _eps
+
+from . import vindex_pb2 as pb
+from . import vindex_pb2_grpc as pb_grpc
+from .server import grpc_options
+from .status import to_exception
+
+#: Rows per message when :meth:`Collection.upsert_stream` splits an array.
+STREAM_CHUNK = 2048
+
+
+def _call(fn: Any, request: Any, timeout: float | None) -> Any:
+    try:
+        return fn(request, timeout=timeout)
+    except grpc.RpcError as e:
+        raise to_exception(e) from None
+
+
+def _ids(ids: Any) -> np.ndarray:
+    return validation.ids(ids)
+
+
+class Collection:
+    """One collection on the server, with the :class:`vindex.Index` API."""
+
+    def __init__(self, client: "Client", name: str, info: pb.CollectionInfo):
+        self._client, self.name = client, name
+        self._dim, self._metric = int(info.dim), info.metric
+        self._config = json.loads(info.config_json) if info.config_json else {}
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def metric(self) -> str:
+        return self._metric
+
+    @property
+    def config(self) -> dict:
+        """The collection's :class:`vindex.IndexConfig` fields, as a dict."""
+        return dict(self._config)
+
+    def __len__(self) -> int:
+        return int(self._client._describe(self.name).count)
+
+    def __repr__(self) -> str:
+        return f"vindex.Collection({self.name!r}, dim={self._dim}, metric={self._metric!r} @ {self._client.target})"
+
+    def _rows(self, x: Any, what: str) -> np.ndarray:
+        """``x`` checked as the library checks it, as little-endian float32 rows."""
+        return np.ascontiguousarray(validation.vectors(x, self._dim, what=what), dtype="<f4")
+
+    def _stub_call(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        return _call(getattr(self._client._stub, method), request, timeout if timeout is not None else self._client.timeout)
+
+    # --- search ---------------------------------------------------------------------------
+    def search(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
+               eps: float | None = None, ef: int | None = None) -> SearchResult:
+        """The ``k`` nearest stored vectors of each query; see :meth:`vindex.Index.search`."""
+        k = validation.k(k)
+        q = self._rows(queries, "queries")
+        req = pb.SearchRequest(collection=self.name, queries=q.tobytes(), dim=q.shape[1], k=k,
+                               max_postings=0 if max_postings is None else validation.positive_int(
+                                   max_postings, "max_postings", upper=4096),
+                               ef=0 if ef is None else validation.positive_int(ef, "ef", upper=65536))
+        if eps is not None:
+            req.eps = _eps(eps)
+        res = self._stub_call("Search", req)
+        ids = np.array(res.ids, dtype=np.int64).reshape(res.nq, res.k)
+        dists = np.array(res.distances, dtype=np.float32).reshape(res.nq, res.k)
+        return SearchResult(ids, dists, {"postings": res.postings, "records_scanned": res.records_scanned})
+
+    # --- updates --------------------------------------------------------------------------
+    def _request(self, ids: Any, vectors: Any, add_only: bool) -> pb.UpsertRequest:
+        i, x = _ids(ids), self._rows(vectors, "vectors")
+        validation.same_length(i, x)
+        return pb.UpsertRequest(collection=self.name, ids=i.tolist(), vectors=x.tobytes(), dim=x.shape[1],
+                                add_only=add_only)
+
+    def upsert(self, ids: Any, vectors: Any) -> None:
+        """Insert ``ids`` or replace their vectors; returns once durable and visible."""
+        self._stub_call("Upsert", self._request(ids, vectors, False))
+
+    def add(self, ids: Any, vectors: Any) -> None:
+        """Insert new ids; raises :class:`vindex.IdExistsError` (a ``DuplicateIdError``) naming
+        ids already stored, writing nothing."""
+        self._stub_call("Upsert", self._request(ids, vectors, True))
+
+    def upsert_stream(self, batches: Iterable[tuple[Any, Any]]) -> Iterator[pb.UpsertAck]:
+        """Stream ``(ids, vectors)`` batches in one call; yields each batch's acknowledgement
+        (``chunk``, ``upserted``, ``total``) once that batch is durable."""
+        failed: list[BaseException] = []
+
+        def requests() -> Iterator[pb.UpsertRequest]:
+            # runs on a gRPC thread, which would turn any exception into UNKNOWN "Exception
+            # iterating requests!": end the stream instead and re-raise it here
+            try:
+                for i, x in batches:
+                    yield self._request(i, x, False)
+            except Exception as e:
+                failed.append(e)
+
+        try:
+            yield from self._client._stub.UpsertStream(requests(), timeout=self._client.timeout)
+        except grpc.RpcError as e:
+            if failed:
+                raise failed[0] from None
+            raise to_exception(e) from None
+        if failed:
+            raise failed[0]
+
+    def upsert_many(self, ids: Any, vectors: Any, chunk: int = STREAM_CHUNK) -> int:
+        """Upsert a large array through one stream in ``chunk``-row messages; returns rows stored."""
+        i, x = _ids(ids), self._rows(vectors, "vectors")
+        validation.same_length(i, x)
+        total = 0
+        for ack in self.upsert_stream((i[lo:lo + chunk], x[lo:lo + chunk]) for lo in range(0, i.size, chunk)):
+            total = ack.total
+        return int(total)
+
+    def delete(self, ids: Any) -> int:
+        """Delete ``ids``; returns how many were live (unknown ids are ignored)."""
+        return int(self._stub_call("Delete", pb.DeleteRequest(collection=self.name, ids=_ids(ids).tolist())).deleted)
+
+    def get(self, ids: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Stored vectors of ``ids`` and a found mask, as :meth:`vindex.Index.get`."""
+        res = self._stub_call("Get", pb.GetRequest(collection=self.name, ids=_ids(ids).tolist()))
+        x = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, res.dim).astype(np.float32)
+        return x, np.array(res.found, dtype=bool)
+
+    # --- maintenance ----------------------------------------------------------------------
+    def stats(self) -> dict:
+        return json.loads(self._stub_call("Stats", pb.StatsRequest(collection=self.name)).stats_json)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait for the collection's background rebalancing (and checkpoint it); False if
+        ``timeout`` seconds pass first."""
+        return bool(self._stub_call("Flush", pb.FlushRequest(collection=self.name, wait_idle=True),
+                                    timeout=None if timeout is None else timeout + 1.0).idle)
+
+    def checkpoint(self) -> None:
+        """Checkpoint the collection so a restart replays no log."""
+        self._stub_call("Flush", pb.FlushRequest(collection=self.name))
+
+
+class Client:
+    """A connection to a vindex server at ``target`` (``host:port``).
+
+    ``timeout`` (seconds) is the deadline of every call; ``None`` waits as long as needed.
+    """
+
+    def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float | None = 60.0,
+                 credentials: grpc.ChannelCredentials | None = None):
+        self.target, self.timeout = target, timeout
+        opts = grpc_options()
+        self._channel = (grpc.secure_channel(target, credentials, options=opts) if credentials
+                         else grpc.insecure_channel(target, options=opts))
+        self._stub = pb_grpc.VectorIndexStub(self._channel)
+
+    def _describe(self, name: str) -> pb.CollectionInfo:
+        return _call(self._stub.DescribeCollection, pb.DescribeCollectionRequest(name=name), self.timeout)
+
+    def create_collection(self, name: str, *, dim: int, metric: str = "l2", exist_ok: bool = False,
+                          **config: Any) -> Collection:
+        """Create an empty collection; ``config`` sets :class:`vindex.IndexConfig` fields.
+        Raises :class:`CollectionExistsError` unless ``exist_ok``."""
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not 1 <= dim <= 65536:
+            raise validation.DimensionError(f"dim: expected an integer in 1..65536, got {dim!r}")
+        req = pb.CreateCollectionRequest(name=name, dim=int(dim), metric=metric,
+                                         config_json=json.dumps(config) if config else "", if_not_exists=exist_ok)
+        return Collection(self, name, _call(self._stub.CreateCollection, req, self.timeout))
+
+    def collection(self, name: str) -> Collection:
+        """Open an existing collection; raises :class:`CollectionNotFoundError` if there is none."""
+        return Collection(self, name, self._describe(name))
+
+    def list_collections(self) -> list[str]:
+        res = _call(self._stub.ListCollections, pb.ListCollectionsRequest(), self.timeout)
+        return [c.name for c in res.collections]
+
+    def drop_collection(self, name: str) -> bool:
+        """Drop a collection and its data; False if there was none of that name."""
+        return bool(_call(self._stub.DropCollection, pb.DropCollectionRequest(name=name), self.timeout).dropped)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until the server's health check reports SERVING."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server at {self.target} not SERVING after {timeout} s")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

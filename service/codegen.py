@@ -1,0 +1,58 @@
+"""Regenerate the Python stubs from ``service/vindex.proto``.
+
+    python -m service.codegen            # rewrite service/vindex_pb2*.py
+    python -m service.codegen --check    # exit 1 if the committed stubs are out of date
+
+Needs ``grpcio-tools`` (the ``dev`` extra). The generated files are committed so that an
+install needs no code generation; the import in the ``_grpc`` stub is made package-relative.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROTO = "vindex.proto"
+OUTPUTS = ("vindex_pb2.py", "vindex_pb2.pyi", "vindex_pb2_grpc.py")
+
+
+def generate(out_dir: str) -> None:
+    from grpc_tools import protoc
+
+    args = ["grpc_tools.protoc", f"-I{HERE}", f"--python_out={out_dir}", f"--pyi_out={out_dir}",
+            f"--grpc_python_out={out_dir}", os.path.join(HERE, PROTO)]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+    grpc_stub = os.path.join(out_dir, "vindex_pb2_grpc.py")
+    with open(grpc_stub) as f:
+        text = f.read()
+    with open(grpc_stub, "w") as f:
+        f.write(text.replace("import vindex_pb2 as vindex__pb2", "from . import vindex_pb2 as vindex__pb2"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="compare with the committed stubs instead of writing")
+    args = ap.parse_args(argv)
+    if not args.check:
+        generate(HERE)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(tmp)
+        stale = []
+        for name in OUTPUTS:
+            with open(os.path.join(tmp, name)) as a:
+                fresh = a.read()
+            path = os.path.join(HERE, name)
+            if not os.path.exists(path) or open(path).read() != fresh:
+                stale.append(name)
+    if stale:
+        print(f"stale generated stubs: {', '.join(stale)}; run python -m service.codegen", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Named collections in one data directory, each its own :class:`vindex.Index`.
+
+::
+
+    <data>/collections/<name>/    one index directory per collection
+
+A collection in use is pinned by the calls that use it; dropping one refuses new calls at once
+and closes the index only after the calls already running on it have finished, so no search
+ever reads a store that is being closed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import vindex
+from vindex import errors
+
+from .status import CollectionExistsError, CollectionNotFoundError
+
+log = logging.getLogger("vindex.service")
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SUBDIR = "collections"
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise errors.InvalidInputError(
+            f"collection name: expected 1-64 characters from [A-Za-z0-9_.-] starting with a letter "
+            f"or digit, got {name!r}")
+    return name
+
+
+def _lock_dir(data_dir: str) -> int | None:
+    """Hold ``<data_dir>/server.lock`` so a second server cannot share the directory (it would
+    delete, as unfinished, a collection the first one is creating). Released at process exit."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the indexes' own locks still refuse a second opener
+        return None
+    fd = os.open(os.path.join(data_dir, "server.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise errors.IndexLockedError(f"data directory {data_dir} is in use by another vindex server") from None
+    return fd
+
+
+class _Entry:
+    """An open collection and the count of calls using it."""
+
+    def __init__(self, name: str, index: vindex.Index):
+        self.name, self.index = name, index
+        self.users = 0
+        self.dropping = False
+
+
+class Collections:
+    """The registry of open collections under ``data_dir``. Thread-safe."""
+
+    def __init__(self, data_dir: str, **runtime: Any):
+        self.root = os.path.join(os.path.abspath(data_dir), SUBDIR)
+        self._runtime = runtime
+        self._entries: dict[str, _Entry] = {}
+        self._cond = threading.Condition()
+        os.makedirs(self.root, exist_ok=True)
+        self._lock_fd = _lock_dir(os.path.dirname(self.root))
+
+    def open_all(self) -> list[str]:
+        """Open every collection found on disk; returns their names."""
+        for name in sorted(os.listdir(self.root)):
+            path = os.path.join(self.root, name)
+            if not NAME_RE.match(name) or not os.path.isdir(path):
+                continue
+            if not os.path.exists(os.path.join(path, "vindex.json")):
+                log.warning("removing %s: a collection whose creation did not finish", path)
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            self._entries[name] = _Entry(name, vindex.Index.open(path, **self._runtime))
+        return sorted(self._entries)
+
+    def names(self) -> list[str]:
+        with self._cond:
+            return sorted(n for n, e in self._entries.items() if not e.dropping)
+
+    def create(self, name: str, *, dim: int, metric: str, config: dict, if_not_exists: bool = False,
+               vectors: Any = None) -> vindex.Index:
+        """Create collection ``name``: empty, or bulk-built over ``vectors`` (ids 0..n-1)."""
+        check_name(name)
+        with self._cond:
+            entry = self._entries.get(name)
+            while entry is not None and entry.index is None:  # another call is creating it: wait
+                self._cond.wait()
+                entry = self._entries.get(name)
+            if entry is not None and not entry.dropping:
+                if if_not_exists:
+                    return entry.index
+                raise CollectionExistsError(f"collection {name!r} already exists")
+            if entry is not None:
+                raise errors.IndexLockedError(f"collection {name!r} is being dropped; retry")
+            # reserve the name while the (slow) creation runs outside the lock
+            self._entries[name] = reserved = _Entry(name, None)  # type: ignore[arg-type]
+            reserved.dropping = True
+        path = os.path.join(self.root, name)
+        try:
+            if os.path.exists(path):  # left behind by a failed create or an interrupted drop
+                shutil.rmtree(path)
+            settings = {**self._runtime, **config}
+            index = (vindex.Index.create(path, dim=dim, metric=metric, **settings) if vectors is None
+                     else vindex.Index.build(path, vectors, metric=metric, **settings))
+        except BaseException:
+            with self._cond:
+                del self._entries[name]
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._entries[name] = _Entry(name, index)
+            self._cond.notify_all()
+        return index
+
+    @contextmanager
+    def use(self, name: str) -> Iterator[vindex.Index]:
+        """Pin collection ``name`` for the duration of a call."""
+        with self._cond:
+            entry = self._entries.get(name)
+            if entry is None or entry.dropping:
+                raise CollectionNotFoundError(f"no collection named {name!r}")
+            entry.users += 1
+        try:
+            yield entry.index
+        finally:
+            with self._cond:
+                entry.users -= 1
+                if entry.users == 0:
+                    self._cond.notify_all()
+
+    def drop(self, name: str) -> bool:
+        """Remove a collection and its files; False if there is none of that name."""
+        with self._cond:
+            entry = self._entries.get(name)
+            if entry is None or entry.dropping:
+                return False
+            entry.dropping = True
+            while entry.users:
+                self._cond.wait()
+        try:
+            entry.index.close()
+            shutil.rmtree(entry.index.path)
+        finally:
+            with self._cond:
+                del self._entries[name]
+        return True
+
+    def close(self) -> None:
+        """Wait for running calls, then close every collection (checkpointing each)."""
+        with self._cond:
+            entries = list(self._entries.values())
+            for e in entries:
+                e.dropping = True
+            while any(e.users for e in entries):
+                self._cond.wait()
+        for e in entries:
+            if e.index is not None:
+                try:
+                    e.index.close()
+                except Exception:
+                    log.exception("closing collection %s", e.name)
+        with self._cond:
+            self._entries.clear()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the data directory's lock
+            self._lock_fd = None

@@ -1,0 +1,46 @@
+"""The sample collection ``vindex serve --sample NAME`` loads from the data sets bundled in
+``data/`` (see ``data/NOTICE.md`` for their sources and licences)."""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from .collections import Collections
+
+log = logging.getLogger("vindex.service")
+
+SAMPLES = {
+    "wiki": "wiki-minilm-15k-cos.npz",      # 15k Wikipedia titles, all-MiniLM-L6-v2, cosine
+    "bigann": "bigann-10k-u8-l2.npz",       # 10k SIFT-like vectors, l2
+    "glove": "glove-6b-50d-100k-angular.npz",  # 100k GloVe words, cosine
+}
+
+
+def data_dir() -> str:
+    """The bundled data sets: ``$VINDEX_DATA_DIR`` or ``data/`` beside the package."""
+    return os.environ.get("VINDEX_DATA_DIR") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+
+
+def load_npz(name: str) -> dict:
+    if name not in SAMPLES:
+        raise ValueError(f"sample: expected one of {sorted(SAMPLES)}, got {name!r}")
+    path = os.path.join(data_dir(), SAMPLES[name])
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"bundled data set not found at {path} (set VINDEX_DATA_DIR)")
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+def load_sample(collections: Collections, name: str) -> str:
+    """Build collection ``name`` from its bundled data set unless it exists; returns ``name``."""
+    if name in collections.names():
+        return name
+    data = load_npz(name)
+    metric = "l2" if str(data["metric"]).startswith("l2") else "cosine"
+    base = data["base"]
+    log.info("loading sample collection %r: %d x %d %s vectors", name, base.shape[0], base.shape[1], metric)
+    collections.create(name, dim=base.shape[1], metric=metric, config={}, vectors=base)
+    return name

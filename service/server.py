@@ -1,0 +1,362 @@
+"""The gRPC server: ``vindex.v1.VectorIndex`` over the collections in one data directory.
+
+grpc.aio serves the network on one event loop; every call's index work (numba kernels that
+release the GIL, RocksDB reads and writes) runs on a thread pool, so a long search or a
+durable write never blocks the loop. Health reports SERVING only once the kernels are compiled
+and every collection is open; SIGTERM/SIGINT reports NOT_SERVING, refuses new calls with
+UNAVAILABLE, lets running calls finish, then checkpoints and closes every collection.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+import vindex
+from vindex import errors
+
+from . import vindex_pb2 as pb
+from . import vindex_pb2_grpc as pb_grpc
+from .collections import Collections
+from .status import RequestTooLargeError, code_for, message, trailers
+
+log = logging.getLogger("vindex.service")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["VectorIndex"].full_name
+MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_ID = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request caps (the 64 MiB message limit applies as well)."""
+
+    max_rows: int = 100_000          # ids or vectors in one upsert, delete or get
+    max_queries: int = 10_000        # queries in one search
+    max_k: int = 1024
+    max_concurrent_rpcs: int = 256   # beyond this, calls are refused with RESOURCE_EXHAUSTED
+
+
+def grpc_options() -> list[tuple[str, Any]]:
+    return [("grpc.max_receive_message_length", MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MESSAGE_BYTES)]
+
+
+# --- request decoding ---------------------------------------------------------------------------
+def decode_ids(raw: Any, limits: Limits, what: str = "ids") -> np.ndarray:
+    n = len(raw)
+    if n > limits.max_rows:
+        raise RequestTooLargeError(f"{what}: at most {limits.max_rows} per request, got {n}")
+    ids = np.array(raw, dtype=np.uint64)
+    if n and int(ids.max()) > MAX_ID:
+        bad = ids[ids > MAX_ID]
+        raise errors.InvalidIdError(f"{what}: expected ids <= 2^63-1, got {errors.preview(bad.tolist())}")
+    return ids.astype(np.int64)
+
+
+def decode_vectors(buf: bytes, dim: int, what: str, max_rows: int) -> np.ndarray:
+    if dim == 0:
+        raise errors.DimensionError(f"{what}: dim must be set to the vectors' dimension, got 0")
+    row = 4 * dim
+    if len(buf) % row:
+        raise errors.DimensionError(
+            f"{what}: {len(buf)} bytes is not a whole number of {dim}-dimensional float32 rows "
+            f"({row} bytes each)")
+    if len(buf) // row > max_rows:
+        raise RequestTooLargeError(f"{what}: at most {max_rows} rows per request, got {len(buf) // row}")
+    return np.frombuffer(buf, dtype="<f4").reshape(-1, dim)
+
+
+def collection_info(name: str, index: vindex.Index) -> pb.CollectionInfo:
+    return pb.CollectionInfo(name=name, dim=index.dim, metric=index.metric, count=len(index),
+                             config_json=json.dumps(dataclasses.asdict(index.config)))
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+# --- the servicer -------------------------------------------------------------------------------
+class VectorIndexServicer(pb_grpc.VectorIndexServicer):
+    def __init__(self, collections: Collections, pool: ThreadPoolExecutor, limits: Limits):
+        self.collections, self.pool, self.limits = collections, pool, limits
+        self.ready = False
+        self.stopping = False
+        self.active = 0                  # calls running index work (drained before stopping)
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn`` on the pool, answering library errors with their status codes."""
+        if self.stopping:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+        if not self.ready:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is starting (warming up kernels)")
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before the call started")
+        self.active += 1
+        self.idle.clear()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        except errors.VindexError as e:
+            code = code_for(e)
+            if code == grpc.StatusCode.INTERNAL:
+                log.exception("internal error")
+            await context.abort(code, message(e), trailing_metadata=trailers(e))
+        except Exception as e:
+            log.exception("internal error")
+            await context.abort(grpc.StatusCode.INTERNAL, message(f"{type(e).__name__}: {e}"))
+        finally:
+            self.active -= 1
+            if not self.active:
+                self.idle.set()
+
+    # collections
+    async def CreateCollection(self, request, context):
+        def run():
+            try:
+                config = json.loads(request.config_json) if request.config_json else {}
+            except json.JSONDecodeError as e:
+                raise errors.InvalidConfigError(f"config_json: not valid JSON ({e})") from None
+            if not isinstance(config, dict):
+                raise errors.InvalidConfigError(f"config_json: expected a JSON object, got {request.config_json!r}")
+            for key in ("dim", "metric"):
+                if key in config:
+                    raise errors.InvalidConfigError(f"config_json: set {key!r} as its own field, not in config")
+            index = self.collections.create(request.name, dim=request.dim, metric=request.metric or "l2",
+                                            config=config, if_not_exists=request.if_not_exists)
+            return collection_info(request.name, index)
+        return await self._call(context, run)
+
+    async def DropCollection(self, request, context):
+        return pb.DropCollectionResponse(dropped=await self._call(context, self.collections.drop, request.name))
+
+    async def ListCollections(self, request, context):
+        def run():
+            out = []
+            for name in self.collections.names():
+                try:
+                    with self.collections.use(name) as index:
+                        out.append(collection_info(name, index))
+                except errors.IndexNotFoundError:
+                    pass  # dropped meanwhile
+            return pb.ListCollectionsResponse(collections=out)
+        return await self._call(context, run)
+
+    async def DescribeCollection(self, request, context):
+        def run():
+            with self.collections.use(request.name) as index:
+                return collection_info(request.name, index)
+        return await self._call(context, run)
+
+    # updates
+    def _upsert(self, request: pb.UpsertRequest, name: str) -> int:
+        ids = decode_ids(request.ids, self.limits)
+        x = decode_vectors(request.vectors, request.dim, "vectors", self.limits.max_rows)
+        with self.collections.use(name) as index:
+            (index.add if request.add_only else index.upsert)(ids, x)
+        return int(ids.size)
+
+    async def Upsert(self, request, context):
+        return pb.UpsertResponse(upserted=await self._call(context, self._upsert, request, request.collection))
+
+    async def UpsertStream(self, request_iterator, context) -> AsyncIterator[pb.UpsertAck]:
+        total, name = 0, ""
+        chunk = -1
+        async for request in request_iterator:
+            chunk += 1
+            name = request.collection or name
+            n = await self._call(context, self._upsert, request, name)
+            total += n
+            yield pb.UpsertAck(chunk=chunk, upserted=n, total=total)
+
+    async def Delete(self, request, context):
+        def run():
+            ids = decode_ids(request.ids, self.limits)
+            with self.collections.use(request.collection) as index:
+                return index.delete(ids)
+        return pb.DeleteResponse(deleted=await self._call(context, run))
+
+    async def Get(self, request, context):
+        def run():
+            ids = decode_ids(request.ids, self.limits)
+            with self.collections.use(request.collection) as index:
+                x, found = index.get(ids)
+                return pb.GetResponse(vectors=np.ascontiguousarray(x, "<f4").tobytes(), dim=index.dim,
+                                      found=found.tolist())
+        return await self._call(context, run)
+
+    # search
+    async def Search(self, request, context):
+        def run():
+            if not 1 <= request.k <= self.limits.max_k:
+                raise errors.InvalidKError(f"k: expected an integer in 1..{self.limits.max_k}, got {request.k}")
+            q = decode_vectors(request.queries, request.dim, "queries", self.limits.max_queries)
+            params: dict[str, Any] = {}
+            if request.max_postings:
+                params["max_postings"] = request.max_postings
+            if request.ef:
+                params["ef"] = request.ef
+            if request.HasField("eps"):
+                params["eps"] = float(request.eps)
+            with self.collections.use(request.collection) as index:
+                res = index.search(q, request.k, **params)
+            return pb.SearchResponse(nq=res.ids.shape[0], k=request.k, ids=res.ids.ravel().tolist(),
+                                     distances=res.distances.ravel().tolist(),
+                                     postings=res.stats.get("postings", 0),
+                                     records_scanned=res.stats.get("records_scanned", 0))
+        return await self._call(context, run)
+
+    # maintenance
+    async def Stats(self, request, context):
+        def run():
+            with self.collections.use(request.collection) as index:
+                return pb.StatsResponse(stats_json=json.dumps(index.stats(), default=_json_default))
+        return await self._call(context, run)
+
+    async def Flush(self, request, context):
+        remaining = context.time_remaining()
+
+        def run():
+            with self.collections.use(request.collection) as index:
+                idle = index.wait_idle(None if remaining is None else max(0.0, remaining - 0.5)) \
+                    if request.wait_idle else True
+                index.checkpoint()
+                return pb.FlushResponse(idle=idle)
+        return await self._call(context, run)
+
+
+# --- server lifecycle ---------------------------------------------------------------------------
+@dataclass
+class ServerConfig:
+    data_dir: str = "./vindex-data"
+    host: str = "127.0.0.1"
+    port: int = 50051
+    workers: int = 0                 # search/update threads; 0 = 2 x CPU cores
+    limits: Limits = Limits()
+    grace_s: float = 30.0            # how long SIGTERM lets running calls finish
+    sample: str | None = None        # load this bundled data set as a collection if absent
+
+
+class Server:
+    """A running server; ``await start()``, then ``await wait()`` until stopped."""
+
+    def __init__(self, config: ServerConfig, on_ready: Callable[["Server"], None] | None = None):
+        import os
+
+        self.config = config
+        self.on_ready = on_ready
+        workers = config.workers or 2 * (os.cpu_count() or 1)
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vindex-rpc")
+        self.collections = Collections(config.data_dir)
+        self.servicer = VectorIndexServicer(self.collections, self.pool, config.limits)
+        self.health = health_aio.HealthServicer()
+        self.server = grpc.aio.server(options=grpc_options(),
+                                      maximum_concurrent_rpcs=config.limits.max_concurrent_rpcs)
+        pb_grpc.add_VectorIndexServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            self.server)
+        self.port = 0
+        self._stopped = asyncio.Event()
+        self._stopping = False
+        self._start_done = asyncio.Event()   # clear while start() runs: stop() waits for it
+        self._start_done.set()
+
+    async def start(self) -> None:
+        """Listen (health NOT_SERVING), warm up and open collections, then report SERVING."""
+        self._start_done.clear()
+        try:
+            await self._start()
+        finally:
+            self._start_done.set()
+
+    async def _start(self) -> None:
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.config.host}:{self.config.port}")
+        await self.server.start()
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        await loop.run_in_executor(self.pool, vindex.warmup)
+        names = await loop.run_in_executor(self.pool, self.collections.open_all)
+        if self.config.sample:
+            from .sample import load_sample
+
+            name = await loop.run_in_executor(self.pool, load_sample, self.collections, self.config.sample)
+            if name not in names:
+                names.append(name)
+        if self._stopping:  # SIGTERM while starting: stop() takes over once we return
+            return
+        self.servicer.ready = True
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving %d collection(s) on %s:%d (ready in %.1f s)", len(names), self.config.host,
+                 self.port, time.perf_counter() - t0)
+        if self.on_ready:
+            self.on_ready(self)
+
+    async def stop(self) -> None:
+        """Graceful stop: NOT_SERVING, refuse new calls, finish running ones, close collections.
+
+        While running calls drain, health answers NOT_SERVING and new calls get UNAVAILABLE
+        from the servicer; the listener closes only after that (or after ``grace_s``)."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        await self.health.enter_graceful_shutdown()
+        self.servicer.stopping = True
+        await self._start_done.wait()  # a start() in progress finishes opening collections first
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.grace_s
+        try:
+            await asyncio.wait_for(self.servicer.idle.wait(), self.config.grace_s)
+        except asyncio.TimeoutError:
+            pass
+        await self.server.stop(max(0.0, deadline - loop.time()))
+        await asyncio.get_running_loop().run_in_executor(self.pool, self.collections.close)
+        self.pool.shutdown(wait=True)
+        self._stopped.set()
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
+
+
+async def serve_async(config: ServerConfig, on_ready: Callable[[Server], None] | None = None) -> None:
+    """Run a server until SIGTERM or SIGINT, then stop it gracefully."""
+    server = Server(config, on_ready)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.stop()))
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop()
+        raise
+    await server.wait()
+    log.info("stopped")
+
+
+def serve(config: ServerConfig, on_ready: Callable[[Server], None] | None = None) -> None:
+    asyncio.run(serve_async(config, on_ready))

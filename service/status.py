@@ -1,0 +1,110 @@
+"""Library exceptions <-> gRPC status codes, both ways.
+
+The server answers each library error with the status code the design lists and the error's
+message; the exception's class name (and any ids it names) travel in trailing metadata, so the
+client re-raises the very exception the embedded library would have raised.
+"""
+from __future__ import annotations
+
+import grpc
+
+from vindex import errors
+
+#: Trailing-metadata keys carrying the library exception.
+ERROR_KEY = "vindex-error"
+IDS_KEY = "vindex-error-ids"
+#: Characters of ids sent in trailing metadata: gRPC refuses trailers over 8 KiB (soft limit)
+#: and replaces the whole status, so only the first ids that fit are named.
+MAX_IDS_CHARS = 4096
+
+#: Most specific first: the first class an exception is an instance of decides its code.
+_CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
+    (errors.IdExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (errors.IndexExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (errors.IndexNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (errors.InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.CorruptionError, grpc.StatusCode.DATA_LOSS),
+    (errors.IndexClosedError, grpc.StatusCode.UNAVAILABLE),
+    (errors.IndexLockedError, grpc.StatusCode.FAILED_PRECONDITION),
+]
+
+
+class CollectionNotFoundError(errors.IndexNotFoundError):
+    """No collection of that name on the server (NOT_FOUND)."""
+
+
+class CollectionExistsError(errors.IndexExistsError):
+    """A collection of that name already exists (ALREADY_EXISTS)."""
+
+
+class RequestTooLargeError(errors.InvalidInputError):
+    """More rows or a larger k than the server accepts in one request (RESOURCE_EXHAUSTED)."""
+
+
+class ServiceError(errors.VindexError):
+    """A gRPC failure that is not a library error (UNAVAILABLE, DEADLINE_EXCEEDED, ...).
+
+    ``code`` is the :class:`grpc.StatusCode`."""
+
+    def __init__(self, message: str, code: grpc.StatusCode):
+        super().__init__(message)
+        self.code = code
+
+
+def code_for(exc: BaseException) -> grpc.StatusCode:
+    """The status code for a library exception; INTERNAL for anything unexpected."""
+    if isinstance(exc, RequestTooLargeError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+#: Longest status message sent: a message repeating a long caller input (a name, config_json)
+#: must not push the trailers over gRPC's metadata limit, which would replace the status.
+MAX_MESSAGE_CHARS = 1024
+
+
+def message(exc: object) -> str:
+    """The exception's message for the status details, shortened to ``MAX_MESSAGE_CHARS``."""
+    text, more = str(exc), " ... (shortened)"
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - len(more)] + more
+
+
+def trailers(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """Metadata naming the exception class (and its ids) for :func:`to_exception`."""
+    md = [(ERROR_KEY, type(exc).__name__)]
+    ids = getattr(exc, "ids", None)
+    if ids:
+        text, size = [], -1
+        for i in ids:
+            item = str(int(i))
+            size += len(item) + 1
+            if size > MAX_IDS_CHARS:
+                break
+            text.append(item)
+        md.append((IDS_KEY, ",".join(text)))
+    return tuple(md)
+
+
+_KNOWN = {cls.__name__: cls for cls in (
+    errors.DimensionError, errors.NonFiniteError, errors.InvalidKError, errors.InvalidIdError,
+    errors.LengthMismatchError, errors.DuplicateIdError, errors.IdExistsError, errors.InvalidConfigError,
+    errors.InvalidInputError, errors.CorruptionError, errors.IndexLockedError, errors.IndexClosedError,
+    errors.IndexNotFoundError, errors.IndexExistsError, errors.NotAnIndexError,
+    CollectionNotFoundError, CollectionExistsError, RequestTooLargeError,
+)}
+
+
+def to_exception(err: grpc.RpcError) -> Exception:
+    """The library exception a failed call stands for (``ServiceError`` when there is none)."""
+    code, message = err.code(), err.details() or ""
+    md = dict(err.trailing_metadata() or ())
+    cls = _KNOWN.get(md.get(ERROR_KEY, ""))
+    if cls is not None:
+        if issubclass(cls, errors.DuplicateIdError):
+            raw = md.get(IDS_KEY, "")
+            return cls(message, [int(i) for i in raw.split(",") if i])
+        return cls(message)
+    return ServiceError(f"{code.name}: {message}", code)

@@ -1,0 +1,185 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CreateCollectionRequest(_message.Message):
+    __slots__ = ("name", "dim", "metric", "config_json", "if_not_exists")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    IF_NOT_EXISTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dim: int
+    metric: str
+    config_json: str
+    if_not_exists: bool
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., metric: _Optional[str] = ..., config_json: _Optional[str] = ..., if_not_exists: _Optional[bool] = ...) -> None: ...
+
+class CollectionInfo(_message.Message):
+    __slots__ = ("name", "dim", "metric", "count", "config_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dim: int
+    metric: str
+    count: int
+    config_json: str
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., metric: _Optional[str] = ..., count: _Optional[int] = ..., config_json: _Optional[str] = ...) -> None: ...
+
+class DropCollectionRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DropCollectionResponse(_message.Message):
+    __slots__ = ("dropped",)
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    dropped: bool
+    def __init__(self, dropped: _Optional[bool] = ...) -> None: ...
+
+class ListCollectionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCollectionsResponse(_message.Message):
+    __slots__ = ("collections",)
+    COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
+    collections: _containers.RepeatedCompositeFieldContainer[CollectionInfo]
+    def __init__(self, collections: _Optional[_Iterable[_Union[CollectionInfo, _Mapping]]] = ...) -> None: ...
+
+class DescribeCollectionRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UpsertRequest(_message.Message):
+    __slots__ = ("collection", "ids", "vectors", "dim", "add_only")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    ADD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    vectors: bytes
+    dim: int
+    add_only: bool
+    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., vectors: _Optional[bytes] = ..., dim: _Optional[int] = ..., add_only: _Optional[bool] = ...) -> None: ...
+
+class UpsertResponse(_message.Message):
+    __slots__ = ("upserted",)
+    UPSERTED_FIELD_NUMBER: _ClassVar[int]
+    upserted: int
+    def __init__(self, upserted: _Optional[int] = ...) -> None: ...
+
+class UpsertAck(_message.Message):
+    __slots__ = ("chunk", "upserted", "total")
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    UPSERTED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    chunk: int
+    upserted: int
+    total: int
+    def __init__(self, chunk: _Optional[int] = ..., upserted: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("collection", "ids")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: int
+    def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("collection", "ids")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GetResponse(_message.Message):
+    __slots__ = ("vectors", "dim", "found")
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    vectors: bytes
+    dim: int
+    found: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, vectors: _Optional[bytes] = ..., dim: _Optional[int] = ..., found: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class SearchRequest(_message.Message):
+    __slots__ = ("collection", "queries", "dim", "k", "max_postings", "eps", "ef")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    MAX_POSTINGS_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    EF_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    queries: bytes
+    dim: int
+    k: int
+    max_postings: int
+    eps: float
+    ef: int
+    def __init__(self, collection: _Optional[str] = ..., queries: _Optional[bytes] = ..., dim: _Optional[int] = ..., k: _Optional[int] = ..., max_postings: _Optional[int] = ..., eps: _Optional[float] = ..., ef: _Optional[int] = ...) -> None: ...
+
+class SearchResponse(_message.Message):
+    __slots__ = ("nq", "k", "ids", "distances", "postings", "records_scanned")
+    NQ_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    DISTANCES_FIELD_NUMBER: _ClassVar[int]
+    POSTINGS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_SCANNED_FIELD_NUMBER: _ClassVar[int]
+    nq: int
+    k: int
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    distances: _containers.RepeatedScalarFieldContainer[float]
+    postings: int
+    records_scanned: int
+    def __init__(self, nq: _Optional[int] = ..., k: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., distances: _Optional[_Iterable[float]] = ..., postings: _Optional[int] = ..., records_scanned: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ("collection",)
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    def __init__(self, collection: _Optional[str] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("stats_json",)
+    STATS_JSON_FIELD_NUMBER: _ClassVar[int]
+    stats_json: str
+    def __init__(self, stats_json: _Optional[str] = ...) -> None: ...
+
+class FlushRequest(_message.Message):
+    __slots__ = ("collection", "wait_idle")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_IDLE_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    wait_idle: bool
+    def __init__(self, collection: _Optional[str] = ..., wait_idle: _Optional[bool] = ...) -> None: ...
+
+class FlushResponse(_message.Message):
+    __slots__ = ("idle",)
+    IDLE_FIELD_NUMBER: _ClassVar[int]
+    idle: bool
+    def __init__(self, idle: _Optional[bool] = ...) -> None: ...
