@@ -12,11 +12,12 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 import numpy as np
@@ -29,6 +30,7 @@ from vindex import errors
 
 from . import vindex_pb2 as pb
 from . import vindex_pb2_grpc as pb_grpc
+from .batching import MAX_COALESCED_QUERIES, SearchBatcher
 from .collections import Collections
 from .status import RequestTooLargeError, code_for, message, trailers
 
@@ -96,14 +98,17 @@ def _json_default(o: Any) -> Any:
 class VectorIndexServicer(pb_grpc.VectorIndexServicer):
     def __init__(self, collections: Collections, pool: ThreadPoolExecutor, limits: Limits):
         self.collections, self.pool, self.limits = collections, pool, limits
+        self.batcher = SearchBatcher(pool, max_running=os.cpu_count() or 1)
         self.ready = False
         self.stopping = False
         self.active = 0                  # calls running index work (drained before stopping)
         self.idle = asyncio.Event()
         self.idle.set()
 
-    async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn`` on the pool, answering library errors with their status codes."""
+    async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[..., Any], *args: Any,
+                    coroutine: Callable[[], Awaitable[Any]] | None = None) -> Any:
+        """Run ``fn`` on the pool (or await ``coroutine()``), answering library errors with
+        their status codes."""
         if self.stopping:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         if not self.ready:
@@ -114,6 +119,8 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         self.active += 1
         self.idle.clear()
         try:
+            if coroutine is not None:
+                return await coroutine()
             return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
         except errors.VindexError as e:
             code = code_for(e)
@@ -205,24 +212,44 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
 
     # search
     async def Search(self, request, context):
-        def run():
-            if not 1 <= request.k <= self.limits.max_k:
-                raise errors.InvalidKError(f"k: expected an integer in 1..{self.limits.max_k}, got {request.k}")
-            q = decode_vectors(request.queries, request.dim, "queries", self.limits.max_queries)
-            params: dict[str, Any] = {}
-            if request.max_postings:
-                params["max_postings"] = request.max_postings
-            if request.ef:
-                params["ef"] = request.ef
-            if request.HasField("eps"):
-                params["eps"] = float(request.eps)
-            with self.collections.use(request.collection) as index:
-                res = index.search(q, request.k, **params)
-            return pb.SearchResponse(nq=res.ids.shape[0], k=request.k, ids=res.ids.ravel().tolist(),
+        name, k = request.collection, request.k
+        params: dict[str, Any] = {}
+        if request.max_postings:
+            params["max_postings"] = request.max_postings
+        if request.ef:
+            params["ef"] = request.ef
+        if request.HasField("eps"):
+            params["eps"] = float(request.eps)
+
+        def search(q: np.ndarray) -> vindex.SearchResult:
+            with self.collections.use(name) as index:
+                return index.search(q, k, **params)
+
+        def respond(res: vindex.SearchResult) -> pb.SearchResponse:
+            return pb.SearchResponse(nq=res.ids.shape[0], k=k, ids=res.ids.ravel().tolist(),
                                      distances=res.distances.ravel().tolist(),
                                      postings=res.stats.get("postings", 0),
                                      records_scanned=res.stats.get("records_scanned", 0))
-        return await self._call(context, run)
+
+        def checked() -> np.ndarray:
+            if not 1 <= k <= self.limits.max_k:
+                raise errors.InvalidKError(f"k: expected an integer in 1..{self.limits.max_k}, got {k}")
+            q = decode_vectors(request.queries, request.dim, "queries", self.limits.max_queries)
+            with self.collections.use(name) as index:
+                index.check_queries(q, k, **params)  # a bad row must not fail a coalesced batch
+            return q
+
+        async def coalesced() -> pb.SearchResponse:
+            if len(request.queries) > MAX_COALESCED_QUERIES * 4 * max(1, request.dim):
+                # a batch already: checked and run on the pool, off the event loop
+                return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: respond(search(checked())))
+            q = checked()  # small: cheap enough for the event loop
+            if q.shape[0] == 0 or q.shape[0] > MAX_COALESCED_QUERIES:
+                return respond(await asyncio.get_running_loop().run_in_executor(self.pool, search, q))
+            key = (name, k, tuple(sorted(params.items())))
+            return respond(await self.batcher.search(key, search, q))
+
+        return await self._call(context, None, coroutine=coalesced)
 
     # maintenance
     async def Stats(self, request, context):
@@ -259,8 +286,6 @@ class Server:
     """A running server; ``await start()``, then ``await wait()`` until stopped."""
 
     def __init__(self, config: ServerConfig, on_ready: Callable[["Server"], None] | None = None):
-        import os
-
         self.config = config
         self.on_ready = on_ready
         workers = config.workers or 2 * (os.cpu_count() or 1)

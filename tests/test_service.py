@@ -833,7 +833,8 @@ def test_drain_on_stop(tmp_path):
         with vindex.Client(srv.target, timeout=60) as c:
             col = c.create_collection("drained", dim=4)
             col.upsert([1, 2], np.eye(4)[:2])
-            srv.server.collections.use = gate.wrap(srv.server.collections.use)
+            with srv.server.collections.use("drained") as index:
+                index.search = gate.wrap(index.search)  # blocks on the pool, collection pinned
             running = pb_grpc.VectorIndexStub(channel).Search.future(
                 pb.SearchRequest(collection="drained", queries=f32(np.eye(4)[:1]), dim=4, k=2), timeout=60)
             assert gate.entered.wait(30)
@@ -1080,3 +1081,48 @@ def refused_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield sock.getsockname()[1]
+
+
+def test_concurrent_small_searches_are_coalesced(tmp_path):
+    """Searches that queue while others run go to the index as one batch call, and each
+    caller still gets exactly the result it would get alone."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(500, 8)).astype(np.float32)
+    queries = rng.normal(size=(12, 8)).astype(np.float32)
+    gate = Gate()
+    srv = InProcessServer(tmp_path / "data")
+    assert srv.ready.wait(60)
+    channel = grpc.insecure_channel(srv.target)
+    try:
+        stub = pb_grpc.VectorIndexStub(channel)
+        stub.CreateCollection(pb.CreateCollectionRequest(name="co", dim=8), timeout=30)
+        stub.Upsert(pb.UpsertRequest(collection="co", ids=list(range(500)), vectors=f32(x), dim=8), timeout=30)
+        with srv.server.collections.use("co") as index:
+            expected = index.search(queries, 5)
+            calls = []
+            search = index.search
+
+            def counted(q, *a, **kw):
+                calls.append(q.shape[0])
+                return search(q, *a, **kw)
+            index.search = gate.wrap(counted)
+        futures = [stub.Search.future(pb.SearchRequest(collection="co", queries=f32(q), dim=8, k=5), timeout=60)
+                   for q in queries]
+        assert gate.entered.wait(30)
+        batcher = srv.server.servicer.batcher
+
+        def all_arrived() -> bool:  # each running batch holds one request; the rest wait in the queue
+            queued = sum(len(v) for v in batcher._queues.values())
+            return queued + sum(batcher._running.values()) == len(queries)
+        _wait_for(all_arrived, "the other searches to queue")
+        gate.opened.set()
+        got = [f.result(30) for f in futures]
+        for i, r in enumerate(got):
+            assert list(r.ids) == expected.ids[i].tolist()
+            np.testing.assert_array_equal(np.array(r.distances, np.float32), expected.distances[i])
+        assert sum(calls) == len(queries)
+        assert len(calls) < len(queries), calls  # measured: [1, 1, 10] on 2 cores
+    finally:
+        gate.opened.set()
+        channel.close()
+        srv.stop()

@@ -228,13 +228,7 @@ class Index:
         is farther than ``(1 + eps)`` times the nearest head, and ``ef`` is the head-graph beam
         width; each defaults to the index config.
         """
-        self._check_open()
-        cfg = self.config
-        k = validation.k(k)
-        m = cfg.max_postings if max_postings is None else validation.positive_int(max_postings, "max_postings", upper=4096)
-        e = cfg.search_eps if eps is None else _eps(eps)
-        beam = cfg.ef_for(m) if ef is None else validation.positive_int(ef, "ef", upper=65536)
-        q = self._vectors(queries, "queries")
+        q, k, m, e, beam = self._search_args(queries, k, max_postings, eps, ef)
         if q.shape[0] == 0:
             return SearchResult(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32),
                                 {"postings": 0, "records_scanned": 0})
@@ -246,6 +240,22 @@ class Index:
         if self.metric == "cosine":
             dists = dists * np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors
         return SearchResult(ids, dists, work)
+
+    def check_queries(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
+                      eps: float | None = None, ef: int | None = None) -> None:
+        """Raise what :meth:`search` would raise for these arguments, without searching."""
+        self._search_args(queries, k, max_postings, eps, ef)
+
+    def _search_args(self, queries: Any, k: Any, max_postings: Any, eps: Any, ef: Any
+                     ) -> tuple[np.ndarray, int, int, float, int]:
+        """Validated ``(queries, k, max_postings, eps, ef)`` with the config's defaults."""
+        self._check_open()
+        cfg = self.config
+        k = validation.k(k)
+        m = cfg.max_postings if max_postings is None else validation.positive_int(max_postings, "max_postings", upper=4096)
+        e = cfg.search_eps if eps is None else _eps(eps)
+        beam = cfg.ef_for(m) if ef is None else validation.positive_int(ef, "ef", upper=65536)
+        return self._vectors(queries, "queries"), k, m, e, beam
 
     def _vectors(self, x: Any, what: str) -> np.ndarray:
         v = validation.vectors(x, self.dim, what=what)
