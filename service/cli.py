@@ -33,6 +33,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader logs which CPU build it picked
     limits = Limits(max_rows=args.max_rows, max_queries=args.max_queries, max_k=args.max_k,
+                    max_results=args.max_results,
                     max_concurrent_rpcs=args.max_concurrent_rpcs)
     cfg = ServerConfig(data_dir=args.data, host=args.host, port=args.port, workers=args.workers,
                        limits=limits, sample=None if args.sample == "none" else args.sample)
@@ -159,6 +160,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-rows", type=int, default=100_000, help="ids or vectors per request")
     s.add_argument("--max-queries", type=int, default=10_000, help="queries per search request")
     s.add_argument("--max-k", type=int, default=1024)
+    s.add_argument("--max-results", type=int, default=1_000_000, help="queries x k per search request")
     s.add_argument("--max-concurrent-rpcs", type=int, default=256,
                    help="calls beyond this are refused with RESOURCE_EXHAUSTED")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

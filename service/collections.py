@@ -94,15 +94,21 @@ class Collections:
                vectors: Any = None) -> vindex.Index:
         """Create collection ``name``: empty, or bulk-built over ``vectors`` (ids 0..n-1)."""
         check_name(name)
+        if config.get("store", "rocksdb") != "rocksdb":
+            raise errors.InvalidConfigError(
+                f"config store: a served collection must be persistent ('rocksdb'), got {config['store']!r}")
         with self._cond:
             entry = self._entries.get(name)
             while entry is not None and entry.index is None:  # another call is creating it: wait
                 self._cond.wait()
                 entry = self._entries.get(name)
             if entry is not None and not entry.dropping:
-                if if_not_exists:
-                    return entry.index
-                raise CollectionExistsError(f"collection {name!r} already exists")
+                index = entry.index
+                if if_not_exists and (index.dim, index.metric) == (dim, metric):
+                    return index
+                detail = "" if not if_not_exists else (
+                    f" with dim {index.dim} and metric {index.metric!r}, not {dim} and {metric!r}")
+                raise CollectionExistsError(f"collection {name!r} already exists{detail}")
             if entry is not None:
                 raise errors.IndexLockedError(f"collection {name!r} is being dropped; retry")
             # reserve the name while the (slow) creation runs outside the lock

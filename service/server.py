@@ -48,6 +48,7 @@ class Limits:
     max_rows: int = 100_000          # ids or vectors in one upsert, delete or get
     max_queries: int = 10_000        # queries in one search
     max_k: int = 1024
+    max_results: int = 1_000_000     # queries x k in one search (bounds the response size)
     max_concurrent_rpcs: int = 256   # beyond this, calls are refused with RESOURCE_EXHAUSTED
 
 
@@ -205,6 +206,10 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         def run():
             ids = decode_ids(request.ids, self.limits)
             with self.collections.use(request.collection) as index:
+                if ids.size * index.dim * 4 > MESSAGE_BYTES - (1 << 20):
+                    raise RequestTooLargeError(
+                        f"ids: {ids.size} vectors of dimension {index.dim} exceed the 64 MiB response limit; "
+                        f"ask for at most {(MESSAGE_BYTES - (1 << 20)) // (4 * index.dim)} per request")
                 x, found = index.get(ids)
                 return pb.GetResponse(vectors=np.ascontiguousarray(x, "<f4").tobytes(), dim=index.dim,
                                       found=found.tolist())
@@ -235,6 +240,9 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
             if not 1 <= k <= self.limits.max_k:
                 raise errors.InvalidKError(f"k: expected an integer in 1..{self.limits.max_k}, got {k}")
             q = decode_vectors(request.queries, request.dim, "queries", self.limits.max_queries)
+            if q.shape[0] * k > self.limits.max_results:
+                raise RequestTooLargeError(f"queries x k: at most {self.limits.max_results} results per request, "
+                                           f"got {q.shape[0]} x {k}")
             with self.collections.use(name) as index:
                 index.check_queries(q, k, **params)  # a bad row must not fail a coalesced batch
             return q

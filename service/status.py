@@ -38,7 +38,8 @@ class CollectionExistsError(errors.IndexExistsError):
 
 
 class RequestTooLargeError(errors.InvalidInputError):
-    """More rows or a larger k than the server accepts in one request (RESOURCE_EXHAUSTED)."""
+    """More rows, queries or results than the server accepts in one request (RESOURCE_EXHAUSTED).
+    A ``k`` above the server's ``max_k`` is an ``InvalidKError`` (INVALID_ARGUMENT) instead."""
 
 
 class ServiceError(errors.VindexError):

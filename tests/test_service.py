@@ -48,7 +48,7 @@ DIM = 32
 CONFIG = dict(posting_limit_bytes=4096)
 #: Search parameters that visit every posting: results are the exact top-k.
 EXACT = dict(max_postings=4096, eps=float("inf"))
-MAX_ROWS, MAX_QUERIES, MAX_K = 5000, 500, 1024
+MAX_ROWS, MAX_QUERIES, MAX_K, MAX_RESULTS = 5000, 500, 1024, 100_000
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE = "vindex.v1.VectorIndex"
@@ -189,7 +189,8 @@ def health(channel, service: str = "") -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = ServerProcess(tmp_path_factory.mktemp("served") / "data", "--max-rows", str(MAX_ROWS),
-                        "--max-queries", str(MAX_QUERIES), "--max-k", str(MAX_K))
+                        "--max-queries", str(MAX_QUERIES), "--max-k", str(MAX_K),
+                        "--max-results", str(MAX_RESULTS))
     try:
         yield srv
     finally:
@@ -338,7 +339,7 @@ def test_padding_and_empty_collection(client, tmp_path):
 
 def test_collection_management(client):
     assert client.create_collection("managed", dim=8, metric="cosine", max_postings=7).config["max_postings"] == 7
-    again = client.create_collection("managed", dim=8, exist_ok=True)
+    again = client.create_collection("managed", dim=8, metric="cosine", exist_ok=True)
     assert (again.metric, again.config["max_postings"]) == ("cosine", 7)
     assert "managed" in client.list_collections()
     col = client.collection("managed")
@@ -512,8 +513,13 @@ def test_unknown_collection_in_stream(stub):
     (dict(name="new", dim=4, config_json='{"no_such_field": 1}'), INVALID, "InvalidConfigError"),
     (dict(name="new", dim=4, config_json='{"posting_limit_bytes": 10}'), INVALID, "InvalidConfigError"),
     (dict(name="new", dim=4, config_json='{"max_postings": "many"}'), INVALID, "InvalidConfigError"),
+    (dict(name="new", dim=4, config_json='{"store": "memory"}'), INVALID, "InvalidConfigError"),
+    (dict(name="errors", dim=DIM + 1, if_not_exists=True), grpc.StatusCode.ALREADY_EXISTS, "CollectionExistsError"),
+    (dict(name="errors", dim=DIM, metric="ip", if_not_exists=True), grpc.StatusCode.ALREADY_EXISTS,
+     "CollectionExistsError"),
 ], ids=["exists", "empty", "slash", "dotdot", "dot", "space", "65-chars", "20k-chars", "dim0", "dim-big",
-        "metric", "json", "json-list", "json-long", "json-dim", "json-field", "json-range", "json-type"])
+        "metric", "json", "json-list", "json-long", "json-dim", "json-field", "json-range", "json-type",
+        "memory-store", "exists-other-dim", "exists-other-metric"])
 def test_create_invalid(stub, err_col, request_, code, error):
     err = _fails(stub.CreateCollection, pb.CreateCollectionRequest(**request_), code, error)
     assert len(err.details()) <= 1024
@@ -534,11 +540,25 @@ def test_over_limits_resource_exhausted(stub, err_col):
     _fails(stub.Get, pb.GetRequest(collection="errors", ids=ids), exhausted, "RequestTooLargeError")
     _fails(stub.Search, pb.SearchRequest(collection="errors", queries=ROW * (MAX_QUERIES + 1), dim=DIM, k=1),
            exhausted, "RequestTooLargeError")
+    _fails(stub.Search, pb.SearchRequest(collection="errors", queries=ROW * (MAX_RESULTS // MAX_K + 1), dim=DIM,
+                                         k=MAX_K), exhausted, "RequestTooLargeError")
     # a message over 64 MiB never reaches the servicer
     err = _fails(stub.Upsert, pb.UpsertRequest(collection="errors", ids=[1], vectors=bytes(64 * 2**20 + 4 * DIM),
                                                dim=DIM), exhausted)
     assert "larger than max" in err.details()
     _unchanged(stub)
+
+
+def test_get_beyond_the_response_limit(stub, client):
+    """4500 rows of dimension 4096 would be a 74 MB response: refused before any work."""
+    client.create_collection("wide", dim=4096)
+    try:
+        err = _fails(stub.Get, pb.GetRequest(collection="wide", ids=list(range(4500))),
+                     grpc.StatusCode.RESOURCE_EXHAUSTED, "RequestTooLargeError")
+        assert "at most 4032 per request" in err.details()
+        assert client.collection("wide").get(np.arange(4032))[1].sum() == 0  # just under the limit: answered
+    finally:
+        client.drop_collection("wide")
 
 
 def test_over_limits_through_client(client, err_col):
