@@ -12,6 +12,9 @@ In one run, on copies of one index built over the data set:
    ``--batch``-row chunks (a fresh copy of the index, so both start equal).
 4. **mixed**: ``--clients - 1`` search clients while one client upserts flat out.
 
+Beside the search phase it measures the same clients sending health checks, the cheapest call
+the server answers: the ceiling gRPC itself puts on QPS and latency on this machine.
+
 Every search uses the same parameters (``--max-postings``, k=10). Writes
 ``<out>/service-<dataset>.json``.
 """
@@ -75,6 +78,27 @@ def _search_client(addr: str, queries: np.ndarray, k: int, m: int, duration: flo
         col.search(queries[i % queries.shape[0]], k, max_postings=m)
         lat.append(time.perf_counter() - t0)
         i += 1
+    out.put(np.asarray(lat))
+
+
+def _health_client(addr: str, duration: float, start_at: float, out) -> None:
+    """The cheapest call the server answers (a health check): the gRPC ceiling on this machine."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(addr))
+    for _ in range(50):
+        stub.Check(health_pb2.HealthCheckRequest())
+    while time.time() < start_at:
+        time.sleep(0.001)
+    lat = []
+    end = time.perf_counter() + duration
+    while True:
+        t0 = time.perf_counter()
+        if t0 >= end:
+            break
+        stub.Check(health_pb2.HealthCheckRequest())
+        lat.append(time.perf_counter() - t0)
     out.put(np.asarray(lat))
 
 
@@ -184,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             result["grpc_search"] = latency_summary(lats, args.duration)
             result["grpc_search"]["ratio_vs_library"] = result["grpc_search"]["qps"] / result["library_search"]["qps"]
             print(f"[grpc search] {result['grpc_search']}", file=sys.stderr, flush=True)
+            lats = run_clients([(_health_client, (addr, args.duration)) for _ in range(args.clients)], args.duration)
+            result["grpc_noop_ceiling"] = latency_summary(lats, args.duration)
+            print(f"[grpc no-op ceiling] {result['grpc_noop_ceiling']}", file=sys.stderr, flush=True)
         finally:
             stop_server(proc)
         shutil.rmtree(data)

@@ -44,7 +44,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"(data {os.path.abspath(cfg.data_dir)}); Ctrl-C or SIGTERM stops", flush=True)
 
     serve(cfg, ready)
-    print("vindex: stopped", flush=True)
+    try:
+        print("vindex: stopped", flush=True)
+    except BrokenPipeError:  # whoever started us stopped reading; the stop itself succeeded
+        pass
     return 0
 
 
