@@ -389,45 +389,79 @@ class Rebalancer:
             self.counters["reassign_checked"] += int(rows.size)
             if rows.size == 0:
                 continue
-            owner = np.repeat(examined, np.diff(offsets))[rows]
+            posting_of = np.repeat(examined, np.diff(offsets))
             vids = recs_u[rows, 0].astype(np.int64)
             vids, first = np.unique(vids, return_index=True)
-            rows, owner = rows[first], owner[first]
-            self._reassign_vids(vids, recs_u[rows, 1].astype(np.uint8), recs_f[rows, records.HEADER_WORDS:], owner)
+            rows = rows[first]
+            # every live copy of a candidate in the examined postings: a copy no longer among
+            # its postings is cut, not just the one the conditions looked at
+            held = np.flatnonzero(keep & np.isin(recs_u[:, 0], vids))
+            h_idx = np.searchsorted(vids, recs_u[held, 0].astype(np.int64))
+            self._reassign_vids(vids, recs_u[rows, 1].astype(np.uint8), recs_f[rows, records.HEADER_WORDS:],
+                                posting_of[rows], (h_idx, posting_of[held]))
 
     def _reassign_vids(self, vids: np.ndarray, versions: np.ndarray, vectors: np.ndarray,
-                       owner: np.ndarray) -> None:
-        """Copy ``vids`` (seen with ``versions`` in postings ``owner``) to the postings the RNG
-        rule picks for them now, where ``owner`` is no longer among those; the old copies are
-        cut out once running searches are done."""
+                       owner: np.ndarray, holders: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Move ``vids`` (seen with ``versions``, one copy in postings ``owner``) to the postings
+        the RNG rule picks for them now. ``holders`` lists every posting known to hold a copy
+        as ``(index into vids, pid)`` pairs (default: the owners). A vector moves when a known
+        copy sits in a posting no longer picked, or its nearest picked posting lacks it: it is
+        appended to the picked postings that lack it and its unpicked copies are cut out once
+        running searches are done. Copies keep their version (see the module docstring)."""
         eng, cfg = self._engine, self._engine.config
+        n = vids.size
+        h_idx, h_pid = holders if holders is not None else (np.arange(n), owner)
+        h_pid = np.asarray(h_pid, dtype=np.int64)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         heads, counts, _ = select_replicas(eng.state, vectors, cfg)
-        move = ~(heads == owner[:, None]).any(axis=1) & (counts > 0)
+        heads = heads.astype(np.int64)
+        # has[i, j]: picked posting j of vector i already holds a copy (its home counts: the
+        # posting its latest write or move put it in)
+        has = heads == eng.state.idmap.home[vids][:, None]
+        match = heads[h_idx] == h_pid[:, None]
+        np.logical_or.at(has, h_idx, match)
+        has &= heads >= 0
+        stale = ~match.any(axis=1)  # holder pairs whose posting is no longer picked
+        move = (np.bincount(h_idx[stale], minlength=n) > 0) | ~has[:, 0]
+        move &= counts > 0
         if not move.any():
             return
-        vids, versions, vectors, heads, counts, owner = (
-            vids[move], versions[move], vectors[move], heads[move], counts[move], owner[move])
+        keep_pair = move[h_idx] & stale
+        remap = np.cumsum(move) - 1
+        h_idx, h_pid = remap[h_idx[keep_pair]], h_pid[keep_pair]
+        vids, versions, vectors, heads, counts, has = (
+            vids[move], versions[move], vectors[move], heads[move], counts[move], has[move])
         with eng.lock:
             g = eng.state.graph
             # compare-and-set: skip vids changed or deleted since they were read, and any whose
-            # chosen postings went away meanwhile
-            ok = (eng.state.idmap.versions[vids] == versions) & ~np.isin(owner, list(self._limbo_pids))
+            # picked postings or stale copies went away meanwhile
+            limbo = np.fromiter(self._limbo_pids, dtype=np.int64, count=len(self._limbo_pids))
+            ok = eng.state.idmap.versions[vids] == versions
             ok &= (g.alive[np.maximum(heads, 0)] | (heads < 0)).all(axis=1)
+            ok &= np.bincount(h_idx[np.isin(h_pid, limbo)], minlength=vids.size) == 0
             if not ok.any():
                 return
-            vids, versions, vectors, heads, counts, owner = (
-                vids[ok], versions[ok], vectors[ok], heads[ok], counts[ok], owner[ok])
-            appends = group_appends(heads, counts, vids, versions, vectors)
+            pair_ok = ok[h_idx]
+            remap = np.cumsum(ok) - 1
+            h_idx, h_pid = remap[h_idx[pair_ok]], h_pid[pair_ok]
+            vids, versions, vectors, heads, counts, has = (
+                vids[ok], versions[ok], vectors[ok], heads[ok], counts[ok], has[ok])
+            add = np.where(has, -1, heads)  # only the picked postings that lack a copy
+            add_counts = (add >= 0).sum(axis=1)
+            appends = group_appends(add, add_counts, vids, versions, vectors) if add_counts.any() else {}
             rec = oplog.Record("reassign", {"r_vids": vids, "r_home": heads[:, 0].astype(np.int32)})
             eng.commit(Change(appends=appends), rec, IOClass.BACKGROUND)
             keys = vids.astype(np.int64) * 256 + versions
+            # the copies in every picked posting stay, appended now or relied on as held: a cut
+            # still pending from an earlier move must not remove them
             chosen = heads >= 0
-            self._cancel_cuts(heads[chosen].astype(np.int64), np.broadcast_to(keys[:, None], heads.shape)[chosen])
+            self._cancel_cuts(heads[chosen], np.broadcast_to(keys[:, None], heads.shape)[chosen])
         self.counters["reassigns"] += int(vids.size)
-        self._defer([], {int(p): keys[owner == p] for p in np.unique(owner)})
+        cut_keys = keys[h_idx]
+        self._defer([], {int(p): cut_keys[h_pid == p] for p in np.unique(h_pid)})
         targets = np.asarray(list(appends), dtype=np.int64)
-        self.notify(targets[eng.lengths(targets) > eng.limit])
+        if targets.size:
+            self.notify(targets[eng.lengths(targets) > eng.limit])
 
 
 class _Plan:
