@@ -164,10 +164,7 @@ def plot(path: str, rounds: list[dict], final: list[dict], settings: list[int]) 
     ax.set_title("recall under churn (dotted: fresh build on the final live set)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    report.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from service import sample
 from vindex import vecfiles
 
 __all__ = [
@@ -40,7 +41,7 @@ __all__ = [
 METRICS = ("l2", "cosine", "ip")
 
 # bench/ lives at <repo>/bench, so the shipped data is one level up.
-DATA_DIR = Path(os.environ.get("VINDEX_DATA_DIR") or Path(__file__).resolve().parent.parent / "data")
+DATA_DIR = Path(sample.data_dir())
 
 
 @dataclass

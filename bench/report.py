@@ -51,6 +51,16 @@ def write_json(path: str, obj: dict) -> None:
         json.dump(obj, f, indent=1, default=float)
 
 
+def save_figure(fig, path: str) -> None:
+    """Lay out, write (creating the directory) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_recall_qps(path: str, curves: dict[str, list[dict]], title: str) -> None:
     import matplotlib
 
@@ -67,10 +77,7 @@ def plot_recall_qps(path: str, curves: dict[str, list[dict]], title: str) -> Non
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def markdown_summary(result_files: list[str]) -> str:

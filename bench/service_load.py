@@ -61,12 +61,11 @@ def copy_index(src: str, root: str) -> str:
 
 
 # --- client processes (spawned: no fork after gRPC objects exist) ----------------------------------
-def _search_client(addr: str, queries: np.ndarray, k: int, m: int, duration: float, start_at: float, out) -> None:
-    import vindex
-
-    col = vindex.Client(addr).collection(COLLECTION)
-    for q in queries[:50]:
-        col.search(q, k, max_postings=m)
+def _timed_calls(call, duration: float, start_at: float) -> np.ndarray:
+    """Latencies of ``call(i)`` back to back for ``duration`` seconds, after 50 warm-up calls
+    and a wait until the common start time."""
+    for i in range(50):
+        call(i)
     while time.time() < start_at:
         time.sleep(0.001)
     lat, i = [], 0
@@ -75,10 +74,17 @@ def _search_client(addr: str, queries: np.ndarray, k: int, m: int, duration: flo
         t0 = time.perf_counter()
         if t0 >= end:
             break
-        col.search(queries[i % queries.shape[0]], k, max_postings=m)
+        call(i)
         lat.append(time.perf_counter() - t0)
         i += 1
-    out.put(np.asarray(lat))
+    return np.asarray(lat)
+
+
+def _search_client(addr: str, queries: np.ndarray, k: int, m: int, duration: float, start_at: float, out) -> None:
+    import vindex
+
+    col = vindex.Client(addr).collection(COLLECTION)
+    out.put(_timed_calls(lambda i: col.search(queries[i % queries.shape[0]], k, max_postings=m), duration, start_at))
 
 
 def _health_client(addr: str, duration: float, start_at: float, out) -> None:
@@ -87,19 +93,7 @@ def _health_client(addr: str, duration: float, start_at: float, out) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(addr))
-    for _ in range(50):
-        stub.Check(health_pb2.HealthCheckRequest())
-    while time.time() < start_at:
-        time.sleep(0.001)
-    lat = []
-    end = time.perf_counter() + duration
-    while True:
-        t0 = time.perf_counter()
-        if t0 >= end:
-            break
-        stub.Check(health_pb2.HealthCheckRequest())
-        lat.append(time.perf_counter() - t0)
-    out.put(np.asarray(lat))
+    out.put(_timed_calls(lambda i: stub.Check(health_pb2.HealthCheckRequest()), duration, start_at))
 
 
 def _upsert_client(addr: str, ids: np.ndarray, x: np.ndarray, batch: int, duration: float | None,

@@ -208,10 +208,7 @@ def plot_steps(path: str, results: dict, title: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    report.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -159,6 +159,16 @@ def robust_prune(p, cand, cand_d, heads, alpha2, out):
     return n
 
 
+@nb.njit(inline="always", **_q)
+def _reprune(j, cand, heads, alpha2, nbrs):
+    """Rewrite the out-edges of ``j`` by robust pruning over ``cand``, nearest first."""
+    cd = np.empty(cand.shape[0], dtype=np.float32)
+    for t in range(cand.shape[0]):
+        cd[t] = l2sq(heads[j], heads[cand[t]])
+    order = np.argsort(cd, kind="mergesort")
+    _prune_into_row(j, cand[order], cd[order], heads, alpha2, nbrs)
+
+
 @nb.njit(**_q)
 def _repair(j, extra, heads, nbrs, alpha2):
     """Re-prune the out-edges of ``j`` over its current neighbours plus ``extra`` ids."""
@@ -174,12 +184,7 @@ def _repair(j, extra, heads, nbrs, alpha2):
         if extra[t] >= 0:
             cand[n] = extra[t]
             n += 1
-    cand = cand[:n]
-    cd = np.empty(n, dtype=np.float32)
-    for t in range(n):
-        cd[t] = l2sq(heads[j], heads[cand[t]])
-    order = np.argsort(cd, kind="mergesort")
-    _prune_into_row(j, cand[order], cd[order], heads, alpha2, nbrs)
+    _reprune(j, cand[:n], heads, alpha2, nbrs)
 
 
 @nb.njit(**_q)
@@ -264,12 +269,7 @@ def remove_nodes(removed, heads, nbrs, alpha2, touched):
                     if e != j and not removed[e]:
                         cand[n] = e
                         n += 1
-        cand = cand[:n]
-        cd = np.empty(n, dtype=np.float32)
-        for t in range(n):
-            cd[t] = l2sq(heads[j], heads[cand[t]])
-        order = np.argsort(cd, kind="mergesort")
-        _prune_into_row(j, cand[order], cd[order], heads, alpha2, nbrs)
+        _reprune(j, cand[:n], heads, alpha2, nbrs)
         touched[j] = 1
     for p in range(nbrs.shape[0]):
         if removed[p]:

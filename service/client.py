@@ -40,10 +40,6 @@ def _call(fn: Any, request: Any, timeout: float | None) -> Any:
         raise to_exception(e) from None
 
 
-def _ids(ids: Any) -> np.ndarray:
-    return validation.ids(ids)
-
-
 class Collection:
     """One collection on the server, with the :class:`vindex.Index` API."""
 
@@ -97,7 +93,7 @@ class Collection:
 
     # --- updates --------------------------------------------------------------------------
     def _request(self, ids: Any, vectors: Any, add_only: bool) -> pb.UpsertRequest:
-        i, x = _ids(ids), self._rows(vectors, "vectors")
+        i, x = validation.ids(ids), self._rows(vectors, "vectors")
         validation.same_length(i, x)
         return pb.UpsertRequest(collection=self.name, ids=i.tolist(), vectors=x.tobytes(), dim=x.shape[1],
                                 add_only=add_only)
@@ -136,7 +132,7 @@ class Collection:
 
     def upsert_many(self, ids: Any, vectors: Any, chunk: int = STREAM_CHUNK) -> int:
         """Upsert a large array through one stream in ``chunk``-row messages; returns rows stored."""
-        i, x = _ids(ids), self._rows(vectors, "vectors")
+        i, x = validation.ids(ids), self._rows(vectors, "vectors")
         validation.same_length(i, x)
         total = 0
         for ack in self.upsert_stream((i[lo:lo + chunk], x[lo:lo + chunk]) for lo in range(0, i.size, chunk)):
@@ -145,11 +141,12 @@ class Collection:
 
     def delete(self, ids: Any) -> int:
         """Delete ``ids``; returns how many were live (unknown ids are ignored)."""
-        return int(self._stub_call("Delete", pb.DeleteRequest(collection=self.name, ids=_ids(ids).tolist())).deleted)
+        req = pb.DeleteRequest(collection=self.name, ids=validation.ids(ids).tolist())
+        return int(self._stub_call("Delete", req).deleted)
 
     def get(self, ids: Any) -> tuple[np.ndarray, np.ndarray]:
         """Stored vectors of ``ids`` and a found mask, as :meth:`vindex.Index.get`."""
-        res = self._stub_call("Get", pb.GetRequest(collection=self.name, ids=_ids(ids).tolist()))
+        res = self._stub_call("Get", pb.GetRequest(collection=self.name, ids=validation.ids(ids).tolist()))
         x = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, res.dim).astype(np.float32)
         return x, np.array(res.found, dtype=bool)
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .collections import Collections
+if TYPE_CHECKING:  # the bench's data loader imports this module without the service
+    from .collections import Collections
 
 log = logging.getLogger("vindex.service")
 
@@ -34,7 +36,7 @@ def load_npz(name: str) -> dict:
         return {k: z[k] for k in z.files}
 
 
-def load_sample(collections: Collections, name: str) -> str:
+def load_sample(collections: "Collections", name: str) -> str:
     """Build collection ``name`` from its bundled data set unless it exists; returns ``name``."""
     if name in collections.names():
         return name

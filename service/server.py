@@ -252,7 +252,7 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
                 # a batch already: checked and run on the pool, off the event loop
                 return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: respond(search(checked())))
             q = checked()  # small: cheap enough for the event loop
-            if q.shape[0] == 0 or q.shape[0] > MAX_COALESCED_QUERIES:
+            if q.shape[0] == 0:  # (a small request has at most MAX_COALESCED_QUERIES rows)
                 return respond(await asyncio.get_running_loop().run_in_executor(self.pool, search, q))
             key = (name, k, tuple(sorted(params.items())))
             return respond(await self.batcher.search(key, search, q))

@@ -426,11 +426,9 @@ class Rebalancer:
         move &= counts > 0
         if not move.any():
             return
-        keep_pair = move[h_idx] & stale
-        remap = np.cumsum(move) - 1
-        h_idx, h_pid = remap[h_idx[keep_pair]], h_pid[keep_pair]
-        vids, versions, vectors, heads, counts, has = (
-            vids[move], versions[move], vectors[move], heads[move], counts[move], has[move])
+        # from here on, holder pairs are only the stale copies to cut
+        (vids, versions, vectors, heads, counts, has), h_idx, h_pid = _rows_and_pairs(
+            move, (vids, versions, vectors, heads, counts, has), h_idx, h_pid, move[h_idx] & stale)
         with eng.lock:
             g = eng.state.graph
             # compare-and-set: skip vids changed or deleted since they were read, and any whose
@@ -441,11 +439,8 @@ class Rebalancer:
             ok &= np.bincount(h_idx[np.isin(h_pid, limbo)], minlength=vids.size) == 0
             if not ok.any():
                 return
-            pair_ok = ok[h_idx]
-            remap = np.cumsum(ok) - 1
-            h_idx, h_pid = remap[h_idx[pair_ok]], h_pid[pair_ok]
-            vids, versions, vectors, heads, counts, has = (
-                vids[ok], versions[ok], vectors[ok], heads[ok], counts[ok], has[ok])
+            (vids, versions, vectors, heads, counts, has), h_idx, h_pid = _rows_and_pairs(
+                ok, (vids, versions, vectors, heads, counts, has), h_idx, h_pid, ok[h_idx])
             add = np.where(has, -1, heads)  # only the picked postings that lack a copy
             add_counts = (add >= 0).sum(axis=1)
             appends = group_appends(add, add_counts, vids, versions, vectors) if add_counts.any() else {}
@@ -462,6 +457,14 @@ class Rebalancer:
         targets = np.asarray(list(appends), dtype=np.int64)
         if targets.size:
             self.notify(targets[eng.lengths(targets) > eng.limit])
+
+
+def _rows_and_pairs(rows: np.ndarray, arrays: tuple, h_idx: np.ndarray, h_pid: np.ndarray,
+                    pairs: np.ndarray) -> tuple[tuple, np.ndarray, np.ndarray]:
+    """The ``rows`` of each of ``arrays``, and the ``pairs`` of ``(h_idx, h_pid)`` with
+    ``h_idx`` renumbered to index the kept rows (every kept pair must point at a kept row)."""
+    renumber = np.cumsum(rows) - 1
+    return tuple(a[rows] for a in arrays), renumber[h_idx[pairs]], h_pid[pairs]
 
 
 class _Plan:
