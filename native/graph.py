@@ -293,3 +293,89 @@ def build(order, heads, nbrs, n_entries, alpha2, visited, bd, bi, bx):
             entries[n_e] = p
             n_e += 1
     return entries
+
+
+@nb.njit(**_q)
+def _spread(start, alive, nbrs, seen, queue):
+    """Mark everything reachable from ``start`` (already marked) through live heads."""
+    R = nbrs.shape[1]
+    queue[0] = start
+    head, tail = 0, 1
+    while head < tail:
+        v = queue[head]
+        head += 1
+        for t in range(R):
+            c = nbrs[v, t]
+            if c < 0:
+                continue
+            if alive[c] and not seen[c]:
+                seen[c] = True
+                queue[tail] = c
+                tail += 1
+
+
+@nb.njit(**_q)
+def connect(n, alive, entries, heads, nbrs, touched):
+    """Give each live head that no path from the entry points reaches an in-edge from its
+    nearest reachable head; returns the edges added.
+
+    Pruning on insert and removal can take a head's last in-edge away; beam searches then never
+    visit it, and its posting is lost to every query. The new edge fills a free slot or
+    replaces the source's farthest edge to a head that has other in-edges (so that rarely cuts
+    another head off; callers repeat until nothing is added)."""
+    R = nbrs.shape[1]
+    seen = np.zeros(n, dtype=np.bool_)
+    queue = np.empty(n, dtype=np.int32)
+    indeg = np.zeros(n, dtype=np.int32)
+    for v in range(n):
+        if alive[v]:
+            for t in range(R):
+                c = nbrs[v, t]
+                if c >= 0:
+                    indeg[c] += 1
+    for e in range(entries.shape[0]):
+        p = entries[e]
+        if alive[p] and not seen[p]:
+            seen[p] = True
+            _spread(p, alive, nbrs, seen, queue)
+    added = 0
+    for u in range(n):
+        if not alive[u] or seen[u]:
+            continue
+        best, best_d = -1, np.inf
+        for t in range(R):  # its own neighbours are near it: usually one of them is reachable
+            c = nbrs[u, t]
+            if c >= 0 and alive[c] and seen[c]:
+                d = l2sq(heads[u], heads[c])
+                if d < best_d:
+                    best, best_d = c, d
+        if best < 0:
+            for c in range(n):
+                if alive[c] and seen[c]:
+                    d = l2sq(heads[u], heads[c])
+                    if d < best_d:
+                        best, best_d = c, d
+        if best < 0:
+            break  # nothing is reachable: no entry points
+        slot, far = -1, -1.0
+        for t in range(R):
+            c = nbrs[best, t]
+            if c < 0:
+                slot = t
+                break
+            if indeg[c] > 1:
+                d = l2sq(heads[best], heads[c])
+                if d > far:
+                    slot, far = t, d
+        if slot < 0:
+            continue  # every edge of the nearest is some head's only way in: leave it
+        old = nbrs[best, slot]
+        if old >= 0:
+            indeg[old] -= 1
+        nbrs[best, slot] = u
+        indeg[u] += 1
+        touched[best] = 1
+        seen[u] = True
+        _spread(u, alive, nbrs, seen, queue)
+        added += 1
+    return added

@@ -210,6 +210,7 @@ class HeadGraph:
         self.alive[pids] = True
         self.n_alive = int(self.alive[: self.n].sum())
         self._refresh_entries(pids)
+        connect(self.n, self.alive, self.entries, self.vectors, self.nbrs, touched)
         return np.flatnonzero(touched)
 
     def _refresh_entries(self, fresh: np.ndarray) -> None:
@@ -264,6 +265,7 @@ class HeadGraph:
         visited = np.zeros(g.capacity, dtype=np.uint32)
         bd, bi, bx = np.empty(ef, np.float32), np.empty(ef, np.int32), np.empty(ef, np.bool_)
         g.entries = native.graph.build(order, g.vectors, g.nbrs, n_entries, g.alpha2, visited, bd, bi, bx)
+        connect(n, g.alive, g.entries, g.vectors, g.nbrs, np.zeros(g.capacity, np.uint8))
         return g
 
     # --- persistence ----------------------------------------------------------------------------
@@ -302,6 +304,15 @@ class HeadGraph:
         g.n = n
         g.n_alive = int(g.alive.sum())
         return g
+
+
+def connect(n: int, alive: np.ndarray, entries: np.ndarray, vectors: np.ndarray, nbrs: np.ndarray,
+            touched: np.ndarray, rounds: int = 8) -> None:
+    """Make every live head reachable from the entry points (``native.graph.connect``),
+    flagging rows written in ``touched``."""
+    for _ in range(rounds):
+        if native.graph.connect(n, alive, entries, vectors, nbrs, touched) == 0:
+            return
 
 
 METRIC_CODES = {"l2": native.L2, "cosine": native.L2, "ip": native.IP}

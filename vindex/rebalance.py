@@ -30,6 +30,7 @@ import native
 
 from . import oplog
 from .engine import Engine
+from .heads import connect
 from .storage import Change, IOClass, records
 from .writes import group_appends, select_replicas
 
@@ -108,8 +109,8 @@ class Rebalancer:
             return len(self._pending) + int(self._busy) + len(self._deferred) + int(self._scrub_credit > 0)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until no work is queued or running; False on timeout. Re-raises a background
-        failure once."""
+        """Block until no work is queued or running; False on timeout. Re-raises the failure of
+        the latest background round if it failed (it is retried; a later success clears it)."""
         with self._cv:
             idle = self._cv.wait_for(lambda: (not self._pending and not self._busy and not self._deferred
                                               and self._scrub_credit <= 0) or self._error is not None, timeout)
@@ -149,6 +150,9 @@ class Rebalancer:
                     with eng.lock:
                         eng.save_checkpoint()
                     self.counters["checkpoints"] += 1
+                if batch or scrub:
+                    with self._cv:
+                        self._error = None  # the failure (a full disk, say) is over
             except BaseException as exc:  # keep the worker alive; report through wait_idle
                 log.exception("background round failed")
                 self.counters["errors"] += 1
@@ -477,6 +481,9 @@ class _Plan:
         dim = eng.dim
         H = records.HEADER_WORDS
         versions = eng.state.idmap.versions
+        # copies rewritten or deleted since the snapshot are garbage now: moving them would
+        # point their vid's home at a posting without its current copy
+        keep = keep & (versions[recs_u[:, 0]] == recs_u[:, 1])
         # records appended since the snapshot are folded in (writers hold this lock too)
         now_len = eng.lengths(pids)
         grown = np.flatnonzero((now_len > snap_len) & (split | drop | merge | gc))
@@ -589,6 +596,9 @@ class _Plan:
         if entries.size < min(g.n_entries, int(alive_after.sum())):
             extra = np.setdiff1d(np.flatnonzero(alive_after[: g.n]), entries)[: g.n_entries - entries.size]
             entries = np.concatenate((entries, extra)).astype(np.int32)
+        mark = np.zeros(g.capacity, dtype=np.uint8)
+        connect(g.n, alive_after, entries, g.vectors, nbrs, mark)  # removal may cut heads off
+        rows = np.union1d(rows, np.flatnonzero(mark)).astype(np.int64)
         heads = np.concatenate((self.new_pids, self.removed)).astype(np.int64)
         vids, frm, to = self.moves
         rec = oplog.Record("rebalance", {
