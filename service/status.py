@@ -24,6 +24,7 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.IndexNotFoundError, grpc.StatusCode.NOT_FOUND),
     (errors.InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.CorruptionError, grpc.StatusCode.DATA_LOSS),
+    (errors.StorageError, grpc.StatusCode.UNAVAILABLE),
     (errors.IndexClosedError, grpc.StatusCode.UNAVAILABLE),
     (errors.IndexLockedError, grpc.StatusCode.FAILED_PRECONDITION),
 ]
@@ -92,7 +93,8 @@ def trailers(exc: BaseException) -> tuple[tuple[str, str], ...]:
 _KNOWN = {cls.__name__: cls for cls in (
     errors.DimensionError, errors.NonFiniteError, errors.InvalidKError, errors.InvalidIdError,
     errors.LengthMismatchError, errors.DuplicateIdError, errors.IdExistsError, errors.InvalidConfigError,
-    errors.InvalidInputError, errors.CorruptionError, errors.IndexLockedError, errors.IndexClosedError,
+    errors.InvalidInputError, errors.CorruptionError, errors.StorageError, errors.IndexLockedError,
+    errors.IndexClosedError,
     errors.IndexNotFoundError, errors.IndexExistsError, errors.NotAnIndexError,
     CollectionNotFoundError, CollectionExistsError, RequestTooLargeError,
 )}

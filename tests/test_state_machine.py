@@ -93,6 +93,13 @@ class IndexMachine(RuleBasedStateMachine):
         s = self.index.stats()
         assert s["postings_over_limit"] == 0 and s["posting_max"] <= s["posting_limit"]
         assert s["background_errors"] == 0
+        report = self.index.verify()  # idle: posting limits are checked too
+        assert report.ok, str(report)
+
+    @rule()
+    def verify(self):  # rebalancing may be running: every invariant but the limits holds
+        report = self.index.verify()
+        assert report.ok, str(report)
 
     @precondition(lambda self: True)
     @rule()

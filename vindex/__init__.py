@@ -13,8 +13,9 @@ from .config import IndexConfig
 from .errors import (CorruptionError, DimensionError, DuplicateIdError, IdExistsError, IndexClosedError,
                      IndexExistsError, IndexLockedError, IndexNotFoundError, InvalidConfigError, InvalidIdError,
                      InvalidInputError, InvalidKError, LengthMismatchError, NonFiniteError,
-                     NotAnIndexError, VindexError)
+                     NotAnIndexError, StorageError, VindexError)
 from .index import Index, SearchResult
+from .verify import VerifyReport
 
 __version__ = "0.1.0"
 
@@ -40,5 +41,5 @@ __all__ = [
     "VindexError", "InvalidInputError", "DimensionError", "NonFiniteError", "InvalidKError",
     "InvalidIdError", "LengthMismatchError", "DuplicateIdError", "IdExistsError", "IndexNotFoundError",
     "NotAnIndexError", "IndexExistsError", "IndexLockedError", "InvalidConfigError", "IndexClosedError",
-    "CorruptionError",
+    "CorruptionError", "StorageError", "VerifyReport",
 ]

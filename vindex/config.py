@@ -15,10 +15,11 @@ from .errors import InvalidConfigError
 
 METRICS = ("l2", "ip", "cosine")
 STORES = ("rocksdb", "memory")
+DURABILITY = ("process", "fsync")
 
 #: Fields that may differ between the process that built an index and one that reopens it.
 RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebalance_batch",
-                            "checkpoint_every", "scrub_ratio"})
+                            "checkpoint_every", "scrub_ratio", "durability"})
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,10 @@ class IndexConfig:
     """Posting store: ``rocksdb`` (embedded, the default) or ``memory`` (tests; not persisted)."""
     cache_bytes: int = 512 * 1024 * 1024
     """(runtime) RocksDB block cache size."""
+    durability: str = "process"
+    """(runtime) When a write is acknowledged. ``process``: it is in the store's write-ahead
+    log, so it survives the process being killed (not a power loss). ``fsync``: the log is
+    also fsynced; concurrent writers share one fsync (group commit)."""
 
     def __post_init__(self) -> None:
         def need(cond: bool, name: str, expected: str) -> None:
@@ -149,6 +154,7 @@ class IndexConfig:
         need(self.search_ef == 0 or self.search_ef >= 1, "search_ef", "0 (auto) or >= 1")
         need(self.store in STORES, "store", f"one of {STORES}")
         need(self.cache_bytes >= 0, "cache_bytes", ">= 0")
+        need(self.durability in DURABILITY, "durability", f"one of {DURABILITY}")
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "IndexConfig":

@@ -7,6 +7,7 @@ import threading
 import numpy as np
 
 from . import checkpoint, layout, oplog
+from .groupsync import GroupSync
 from .readers import Readers
 from .state import State
 from .storage import Change, IOClass, PostingStore
@@ -37,6 +38,7 @@ class Engine:
         self.build_stats = build_stats or {}
         self.limit = self.config.posting_limit(self.dim)
         store.continue_after(seq)
+        self.group = GroupSync(lambda: self.store.sync(), lambda: self.seq)
 
     def commit(self, change: Change, rec: oplog.Record, io: IOClass, *, graph_done: bool = False) -> None:
         """Write ``change`` with ``rec`` atomically, then apply ``rec``. Caller holds ``lock``."""
@@ -45,6 +47,14 @@ class Engine:
         with self.readers.exclusive():  # no search is between reading postings and checking versions
             self.state.apply(rec, graph_done=graph_done)
         self.ops_since_checkpoint += _ops(rec)
+
+    def acknowledge(self, seq: int) -> None:
+        """Return once the user write committed as log record ``seq`` may be acknowledged:
+        at once under ``durability="process"`` (the log write survives a process kill), after
+        a (shared) fsync under ``"fsync"``. Call without holding ``lock``, so that writers
+        committing meanwhile join the next fsync."""
+        if self.config.durability == "fsync" and seq > 0:
+            self.group.wait(seq)
 
     def lengths(self, pids: np.ndarray) -> np.ndarray:
         """Records per posting (0 for postings never written)."""

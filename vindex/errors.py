@@ -73,7 +73,12 @@ class IndexLockedError(VindexError, RuntimeError):
 
 
 class CorruptionError(VindexError):
-    """Index files fail a checksum or a structural check."""
+    """Index files fail a checksum or a structural check (DATA_LOSS over gRPC)."""
+
+
+class StorageError(VindexError, OSError):
+    """The store could not read or write (disk full, I/O error). The write that raised it was
+    not acknowledged; the index keeps working once the cause is gone (UNAVAILABLE over gRPC)."""
 
 
 def preview(ids: Iterable[int], limit: int = 10) -> str:

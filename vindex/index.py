@@ -22,6 +22,8 @@ from .rebalance import FOLD_FRAGMENTS, Rebalancer
 from .search import search as run_search
 from .state import State
 from .storage import Change, IOClass, open_store, records
+from .verify import VerifyReport
+from .verify import verify as verify_index
 
 #: Attempts of an optimistic ``get`` before it reads under the writers' lock.
 GET_RETRIES = 3
@@ -185,6 +187,9 @@ class Index:
             state = State(IdMap.from_arrays(arrays), graph, arrays.get("garbage"))
             engine = Engine(path, manifest, store, state, seq=seq, build_stats=stats)
             for log_seq, data in store.log_since(seq):
+                if log_seq != engine.seq + 1:
+                    raise CorruptionError(f"{path}: operation log gap: record {engine.seq + 1} is "
+                                          f"missing (the next one is {log_seq})")
                 rec = oplog.decode(data)
                 state.apply(rec)
                 engine.seq = log_seq
@@ -296,9 +301,11 @@ class Index:
                 if undo is not None:
                     undo()
                 raise
+            seq = eng.seq
             written = np.asarray(list(change.appends) + list(change.replaces), dtype=np.int64)
             self._after_write(written, old_homes)
             self._rebalancer.earn_scrub(int(exts.size))
+        eng.acknowledge(seq)
 
     def delete(self, ids: Any) -> int:
         """Delete ``ids``; returns how many were live. Unknown or already deleted ids are
@@ -313,8 +320,10 @@ class Index:
                 return 0
             old_homes = self._homes_of(exts)
             eng.commit(Change(), rec, IOClass.UPDATE)
+            seq = eng.seq
             self._after_write(np.zeros(0, np.int64), old_homes)
-            return int(rec.arrays["d_vids"].shape[0])
+        eng.acknowledge(seq)
+        return int(rec.arrays["d_vids"].shape[0])
 
     def _homes_of(self, exts: np.ndarray) -> np.ndarray:
         vids = self._engine.state.idmap.live_vids(exts)
@@ -416,6 +425,8 @@ class Index:
             "background_errors": bg["errors"], "background_queue": self._rebalancer.depth,
             "log_seq": eng.seq,
             "checkpoint_seq": eng.checkpoint_seq,
+            "durability": self.config.durability,
+            "fsyncs": eng.group.syncs,
             "memory_bytes": self._memory_bytes(),
             "build": dict(eng.build_stats),
             "store": eng.store.stats(),
@@ -426,6 +437,17 @@ class Index:
         g, m = st.graph, st.idmap
         return int(g.vectors.nbytes + g.nbrs.nbytes + g.alive.nbytes + m.vid2ext.nbytes
                    + m.versions.nbytes + m.home.nbytes + m.table.nbytes + st.garbage.nbytes)
+
+    def verify(self) -> "VerifyReport":
+        """Check the index's invariants (see :mod:`vindex.verify`) and report each violation.
+
+        Writers wait while it runs; searches do not. Postings over their limit count as a
+        violation only when rebalancing is on and has nothing queued. Raises
+        :class:`CorruptionError` when the store fails its checksums."""
+        self._check_open()
+        with self._engine.lock:
+            idle = self.config.rebalance and self._rebalancer.depth == 0
+            return verify_index(self._engine, limbo=self._rebalancer.limbo_pids, check_limits=idle)
 
     def checkpoint(self) -> None:
         """Save the in-memory state so reopening replays no log."""

@@ -12,20 +12,23 @@ Layout, one RocksDB directory with column families:
   posting changes it describes.
 
 Writes go through RocksDB's WAL without a sync (they survive a process crash); ``sync()``
-flushes the WAL with fsync.
+flushes the WAL with fsync. RocksDB checksums every WAL record and SST block; a failed check
+surfaces as ``CorruptionError``, an I/O failure (disk full) as ``StorageError``.
 """
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import threading
+from contextlib import contextmanager
 from typing import Iterator
 
 import numpy as np
 from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, Options, Rdict, WriteBatch,
                        WriteOptions)
 
-from ..errors import CorruptionError, IndexLockedError
+from ..errors import CorruptionError, IndexLockedError, StorageError
 from .base import Change, IOClass, PostingBatch, ReadBuffers
 from .directory import Lengths
 
@@ -36,6 +39,23 @@ _KEY = struct.Struct(">II")  # (pid, chunk) big-endian, so a posting's chunks ar
 
 def _key(pid: int, chunk: int) -> bytes:
     return _KEY.pack(pid, chunk)
+
+
+@contextmanager
+def _errors(path: str, doing: str) -> Iterator[None]:
+    """Turn rocksdict's plain exceptions into vindex errors naming the store and the step."""
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, (CorruptionError, StorageError)) or type(exc) is not Exception:
+            raise
+        msg = str(exc)
+        if msg.startswith("Corruption"):
+            raise CorruptionError(f"posting store {path}: {msg} (while {doing})") from None
+        if msg.startswith("IO error"):
+            code = errno.ENOSPC if "No space left" in msg else errno.EIO
+            raise StorageError(code, f"posting store {path}: {msg} (while {doing})") from None
+        raise
 
 
 def _options(cache: Cache, create: bool) -> tuple[Options, dict[str, Options]]:
@@ -120,7 +140,8 @@ class RocksStore:
                 keys.append(pack(pid, 0))
             else:
                 keys.extend(pack(pid, j) for j in range(c))
-        values = self._cf["postings"].get(keys) if keys else []
+        with _errors(self.path, "reading postings"):
+            values = self._cf["postings"].get(keys) if keys else []
         data, offsets = self._gather(values, counts)
         self.reads += len(counts)
         self.read_bytes += data.shape[0]
@@ -188,7 +209,8 @@ class RocksStore:
             if change.log is not None:
                 seq = self._seq + 1
                 batch.put(struct.pack(">Q", seq), change.log, self._handle["log"])
-            self._db.write(batch)
+            with _errors(self.path, "writing"):
+                self._db.write(batch)
             if seq:
                 self._seq = seq
             for pid, (chunks, records) in new_dir.items():
@@ -233,8 +255,9 @@ class RocksStore:
 
     # --- log ----------------------------------------------------------------------------------
     def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
-        for key, value in self._cf["log"].items(from_key=struct.pack(">Q", seq + 1)):
-            yield struct.unpack(">Q", key)[0], value
+        with _errors(self.path, "reading the operation log"):
+            for key, value in self._cf["log"].items(from_key=struct.pack(">Q", seq + 1)):
+                yield struct.unpack(">Q", key)[0], value
 
     def continue_after(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> None:
         self._seq = max(self._seq, seq)
@@ -242,10 +265,12 @@ class RocksStore:
     def truncate_log(self, upto: int, io: IOClass = IOClass.BACKGROUND) -> None:
         batch = WriteBatch(raw_mode=True)
         batch.delete_range(struct.pack(">Q", 0), struct.pack(">Q", upto + 1), self._handle["log"])
-        self._db.write(batch)
+        with _errors(self.path, "truncating the operation log"):
+            self._db.write(batch)
 
     def sync(self, io: IOClass = IOClass.UPDATE) -> None:
-        self._db.flush_wal(True)
+        with _errors(self.path, "syncing the write-ahead log"):
+            self._db.flush_wal(True)
 
     def stats(self) -> dict:
         return {

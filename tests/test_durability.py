@@ -1,0 +1,306 @@
+"""Durability contract: group commit, fault injection, corruption detection and verify()."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+import vindex
+from vindex.errors import CorruptionError, StorageError
+from vindex.groupsync import GroupSync
+from vindex.storage import IOClass
+from vindex.storage.faults import FaultyStore
+
+DIM = 16
+SMALL = dict(posting_limit_bytes=1024, build_fill=0.5)  # 14 vectors a posting: splits happen
+
+
+def _vectors(rng, n, shift=0.0):
+    return (rng.standard_normal((n, DIM)) + shift).astype(np.float32)
+
+
+@pytest.fixture
+def index(tmp_path):
+    rng = np.random.default_rng(0)
+    idx = vindex.Index.build(tmp_path / "idx", _vectors(rng, 2000), **SMALL)
+    yield idx
+    idx.close()
+
+
+# --- group commit ---------------------------------------------------------------------------------
+def test_group_sync_one_fsync_covers_writers_that_committed_before_it():
+    committed = [0]
+    started, release = threading.Event(), threading.Event()
+    calls = []
+
+    def sync():
+        calls.append(committed[0])
+        started.set()
+        release.wait(5)
+
+    gs = GroupSync(sync, lambda: committed[0])
+    committed[0] = 1
+    first = threading.Thread(target=gs.wait, args=(1,))
+    first.start()
+    assert started.wait(5)  # the first writer's fsync is running
+    committed[0] = 3        # two more writers commit meanwhile and wait
+    later = [threading.Thread(target=gs.wait, args=(s,)) for s in (2, 3)]
+    for t in later:
+        t.start()
+    release.set()
+    for t in [first, *later]:
+        t.join(5)
+        assert not t.is_alive()
+    assert calls == [1, 3]  # one fsync for the first writer, one shared by the next two
+    assert gs.durable == 3 and gs.syncs == 2
+
+
+def test_group_sync_failure_reaches_every_waiter_and_clears():
+    fail = [True]
+
+    def sync():
+        if fail[0]:
+            raise StorageError(28, "disk full")
+
+    gs = GroupSync(sync, lambda: 5)
+    with pytest.raises(StorageError):
+        gs.wait(5)
+    assert gs.durable == 0
+    fail[0] = False
+    gs.wait(5)
+    assert gs.durable == 5
+
+
+def test_fsync_durability_syncs_before_acknowledging(tmp_path):
+    rng = np.random.default_rng(1)
+    idx = vindex.Index.build(tmp_path / "idx", _vectors(rng, 500), durability="fsync")
+    try:
+        for i in range(5):
+            idx.upsert([1000 + i], _vectors(rng, 1))
+        idx.delete([0, 1])
+        s = idx.stats()
+        assert s["durability"] == "fsync" and s["fsyncs"] == 6
+        # concurrent writers share fsyncs: never more than one per write
+        def writer(t):
+            for i in range(30):
+                idx.upsert([2000 + 100 * t + i], _vectors(np.random.default_rng(t * 100 + i), 1))
+        threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert 0 < idx.stats()["fsyncs"] - 6 <= 120
+        assert len(idx) == 500 + 5 - 2 + 120
+    finally:
+        idx.close()
+
+
+def test_durability_is_a_runtime_setting(tmp_path):
+    rng = np.random.default_rng(2)
+    vindex.Index.build(tmp_path / "idx", _vectors(rng, 100)).close()
+    with vindex.Index.open(tmp_path / "idx", durability="fsync") as idx:
+        idx.upsert([500], _vectors(rng, 1))
+        assert idx.stats()["fsyncs"] == 1
+    with pytest.raises(vindex.InvalidConfigError, match="durability"):
+        vindex.Index.open(tmp_path / "idx", durability="sometimes")
+
+
+# --- fault injection ------------------------------------------------------------------------------
+def test_failed_commit_is_not_acknowledged_and_the_index_recovers(tmp_path, index):
+    rng = np.random.default_rng(3)
+    faults = FaultyStore.install(index)
+    acked = {}
+    faults.arm(commit_after=2, classes=(IOClass.UPDATE,))
+    failed = []
+    for i in range(6):
+        ids = np.arange(5000 + 10 * i, 5010 + 10 * i)
+        x = _vectors(rng, 10)
+        try:
+            index.upsert(ids, x)
+            acked.update(zip(ids.tolist(), x))
+        except StorageError as exc:
+            assert exc.errno == 28 and "ENOSPC" in str(exc)
+            failed.extend(ids.tolist())
+    assert len(acked) == 20 and len(failed) == 40  # two writes went through, then the disk was full
+    with pytest.raises(StorageError):
+        index.delete([5000])
+    assert index.get([5000])[1][0]  # the failed delete changed nothing
+    assert not index.get(failed)[1].any()
+    faults.clear()
+    x = _vectors(rng, 10)
+    index.upsert(np.arange(9000, 9010), x)
+    acked.update(zip(range(9000, 9010), x))
+    assert index.wait_idle(60)
+    assert index.verify().ok
+    path = index.path
+    index.close()
+    with vindex.Index.open(path) as again:
+        ids = np.array(sorted(acked))
+        got, found = again.get(ids)
+        assert found.all()
+        np.testing.assert_array_equal(got, np.stack([acked[i] for i in ids]))
+        assert not again.get(failed)[1].any()
+        assert again.verify().ok
+
+
+def test_background_failures_surface_and_clear(index):
+    rng = np.random.default_rng(4)
+    faults = FaultyStore.install(index)
+    faults.arm(commit_after=0, classes=(IOClass.BACKGROUND,))
+    x = _vectors(rng, 600, shift=2.0)
+    index.upsert(np.arange(10_000, 10_600), x)  # splits are due, and fail
+    with pytest.raises(StorageError):
+        index.wait_idle(60)
+    assert index.stats()["background_errors"] >= 1
+    np.testing.assert_array_equal(index.get(np.arange(10_000, 10_600))[0], x)  # nothing lost
+    faults.clear()
+    assert index.wait_idle(120)
+    s = index.stats()
+    assert s["postings_over_limit"] == 0 and s["splits"] > 0
+    report = index.verify()
+    assert report.ok, str(report)
+    np.testing.assert_array_equal(index.get(np.arange(10_000, 10_600))[0], x)
+
+
+def test_failed_fsync_is_not_acknowledged(tmp_path):
+    rng = np.random.default_rng(5)
+    idx = vindex.Index.build(tmp_path / "idx", _vectors(rng, 300), durability="fsync")
+    try:
+        faults = FaultyStore.install(idx)
+        faults.arm(sync=True, err=5)
+        with pytest.raises(StorageError, match="fsync"):
+            idx.upsert([700], _vectors(rng, 1))
+        faults.clear()
+        idx.upsert([701], _vectors(rng, 1))  # the next fsync covers both
+        assert idx.get([700, 701])[1].all()
+    finally:
+        idx.close()
+
+
+# --- corruption -----------------------------------------------------------------------------------
+def _flip(path: str, offsets) -> None:
+    data = bytearray(open(path, "rb").read())
+    for off in offsets:
+        data[off % len(data)] ^= 0xFF
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def test_flipped_bytes_in_the_posting_store_raise_corruption(tmp_path):
+    rng = np.random.default_rng(6)
+    x = _vectors(rng, 20_000)
+    vindex.Index.build(tmp_path / "idx", x).close()
+    sst = max(glob.glob(str(tmp_path / "idx" / "store" / "*.sst")), key=os.path.getsize)
+    _flip(sst, range(4096, os.path.getsize(sst) // 2, 20_000))
+    with pytest.raises(CorruptionError, match="checksum"):
+        with vindex.Index.open(tmp_path / "idx") as idx:
+            idx.search(x[:50], 10, max_postings=4096)
+            idx.verify()
+
+
+def test_truncated_checkpoint_raises_corruption(tmp_path):
+    vindex.Index.build(tmp_path / "idx", _vectors(np.random.default_rng(7), 500)).close()
+    victim = glob.glob(str(tmp_path / "idx" / "checkpoint" / "*" / "versions.npy"))[0]
+    with open(victim, "r+b") as f:
+        f.truncate(os.path.getsize(victim) - 7)
+    with pytest.raises(CorruptionError, match="versions.npy"):
+        vindex.Index.open(tmp_path / "idx")
+
+
+def test_flipped_checkpoint_bytes_raise_corruption(tmp_path):
+    vindex.Index.build(tmp_path / "idx", _vectors(np.random.default_rng(8), 500)).close()
+    victim = glob.glob(str(tmp_path / "idx" / "checkpoint" / "*" / "head_vectors.npy"))[0]
+    _flip(victim, [os.path.getsize(victim) - 3])
+    with pytest.raises(CorruptionError, match="checksum"):
+        vindex.Index.open(tmp_path / "idx")
+
+
+def test_corrupt_manifest_raises_corruption(tmp_path):
+    vindex.Index.build(tmp_path / "idx", _vectors(np.random.default_rng(9), 100)).close()
+    with open(tmp_path / "idx" / "vindex.json", "w") as f:
+        f.write('{"dim": 16, "metric": "l2", "conf')
+    with pytest.raises(CorruptionError):
+        vindex.Index.open(tmp_path / "idx")
+
+
+def _log_cf(path):
+    from rocksdict import Options, Rdict
+
+    db = Rdict(str(path / "store"), Options(raw_mode=True),
+               column_families={n: Options(raw_mode=True) for n in ("postings", "pdir", "log")})
+    return db, db.get_column_family("log")
+
+
+def test_corrupt_or_missing_log_records_raise_corruption(tmp_path):
+    rng = np.random.default_rng(10)
+    idx = vindex.Index.build(tmp_path / "idx", _vectors(rng, 300), rebalance=False)
+    for i in range(3):
+        idx.upsert([1000 + i], _vectors(rng, 1))
+    idx._closed = True  # stop as a killed process would: no checkpoint, the log stays
+    idx._finalizer()
+    db, log = _log_cf(tmp_path / "idx")
+    keys = list(log.keys())
+    assert len(keys) == 3
+    record = bytearray(log[keys[1]])
+    record[-1] ^= 0xFF
+    log[keys[1]] = bytes(record)
+    log.close()
+    db.close()
+    with pytest.raises(CorruptionError, match="checksum"):
+        vindex.Index.open(tmp_path / "idx")
+    db, log = _log_cf(tmp_path / "idx")
+    del log[keys[1]]  # a gap: record 2 is gone, 3 would replay on the wrong state
+    log.close()
+    db.close()
+    with pytest.raises(CorruptionError, match="gap"):
+        vindex.Index.open(tmp_path / "idx")
+
+
+# --- verify ---------------------------------------------------------------------------------------
+def test_verify_passes_on_a_churned_index_and_names_each_broken_invariant(index):
+    rng = np.random.default_rng(11)
+    for i in range(5):
+        index.upsert(np.arange(300 * i, 300 * i + 400), _vectors(rng, 400, shift=1.5))
+        index.delete(np.arange(1500 + 50 * i, 1530 + 50 * i))
+        report = index.verify()
+        assert report.ok, str(report)
+    assert index.wait_idle(120)
+    report = index.verify()
+    assert report.ok, str(report)
+    assert report.checked["live"] == len(index)
+
+    st = index._engine.state
+    with index._engine.lock:
+        vid = int(st.idmap.lookup(np.array([10]))[0])
+        home = int(st.idmap.home[vid])
+        other = int(np.flatnonzero(st.graph.alive[: st.graph.n] & (np.arange(st.graph.n) != home))[0])
+        st.idmap.home[vid] = other
+        st.idmap.n_live += 1
+        victim = int(st.graph.nbrs[other, 0])
+        st.graph.nbrs[other, 0] = other
+    text = str(index.verify())
+    assert "live ids missing from their home posting: 1 ([10])" in text
+    assert "live count" in text
+    assert "self-loops" in text
+    assert "VIOLATION" in text and victim >= 0
+
+
+def test_verify_cli(tmp_path, capsys):
+    from service.cli import main
+
+    vindex.Index.build(tmp_path / "idx", _vectors(np.random.default_rng(12), 400)).close()
+    assert main(["verify", str(tmp_path / "idx")]) == 0
+    assert "OK" in capsys.readouterr().out
+    with open(glob.glob(str(tmp_path / "idx" / "checkpoint" / "*" / "manifest.json"))[0], "r+") as f:
+        meta = json.load(f)
+        meta["arrays"]["home"]["crc32"] ^= 1
+        f.seek(0)
+        f.truncate()
+        json.dump(meta, f)
+    assert main(["verify", str(tmp_path / "idx")]) == 2
+    assert "CorruptionError" in capsys.readouterr().err
