@@ -8,6 +8,7 @@ array's dtype and shape, and a CRC32 of the payload.
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ def decode(data: bytes) -> Record:
         arrays, pos = {}, 0
         for name, dtype, shape in header["arrays"]:
             dt = np.dtype(dtype)
-            count = int(np.prod(shape)) if shape else 1
+            count = math.prod(shape)  # math, not numpy: replay decodes ~10^5 small records
             arrays[name] = np.frombuffer(payload, dtype=dt, count=count, offset=pos).reshape(shape)
             pos += count * dt.itemsize
         if pos != len(payload):
