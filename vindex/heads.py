@@ -279,10 +279,12 @@ class HeadGraph:
         outside it: farther than ``factor`` times its radius (the median radius where a head
         has none)."""
         r = self.radius[c1]
-        alive_r = self.radius[: self.n][self.alive[: self.n]]
-        alive_r = alive_r[alive_r > 0]
-        floor = float(np.median(alive_r)) if alive_r.size else 0.0
-        scale = np.where(r > 0, r, floor)
+        scale = r
+        if (r <= 0).any():  # the median costs a pass over every head: only when needed
+            alive_r = self.radius[: self.n][self.alive[: self.n]]
+            alive_r = alive_r[alive_r > 0]
+            floor = float(np.median(alive_r)) if alive_r.size else 0.0
+            scale = np.where(r > 0, r, floor)
         return (scale > 0) & (d1 > factor * scale)
 
     @classmethod

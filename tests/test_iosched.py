@@ -1,0 +1,187 @@
+"""The SLA I/O scheduler: class ordering, deadline drops, pacing and quotas.
+
+Policy tests drive ``Queues`` / ``TokenBucket`` / ``Aimd`` with explicit times; thread tests
+use events, never sleeps, to decide what may have run."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from vindex.iosched import (Aimd, DeadlineExpired, IOScheduler, Queues, Request, ResourceExhaustedError,
+                            TokenBucket)
+from vindex.storage import IOClass
+
+I, U, B = IOClass.INTERACTIVE, IOClass.UPDATE, IOClass.BACKGROUND
+
+
+def _req(io, deadline=float("inf"), seq=0, tenant="t", cost=1.0):
+    return Request(deadline, seq, io, tenant, lambda: seq, cost)
+
+
+def test_interactive_is_earliest_deadline_first_and_drops_expired_requests():
+    q = Queues("sla", limit=100, background=None)
+    for seq, d in enumerate([5.0, 3.0, 9.0, 1.0, 2.0]):
+        q.push(_req(I, d, seq))
+    req, expired, _ = q.pop(I, now=2.5)
+    assert [r.deadline for r in expired] == [1.0, 2.0]  # past their deadline: dropped, not run
+    assert req.deadline == 3.0
+    assert [q.pop(I, now=2.5)[0].deadline for _ in range(2)] == [5.0, 9.0]
+    assert q.pop(I, now=2.5)[0] is None
+    assert q.dropped[I] == 2
+
+
+def test_classes_never_share_a_queue_under_sla():
+    q = Queues("sla", limit=100, background=None)
+    q.push(_req(B, seq=0))
+    q.push(_req(U, seq=1))
+    q.push(_req(I, 10.0, seq=2))
+    assert q.pop(I, 0.0)[0].seq == 2 and q.pop(I, 0.0)[0] is None
+    assert q.pop(U, 0.0)[0].seq == 1 and q.pop(U, 0.0)[0] is None
+    assert q.pop(B, 0.0)[0].seq == 0
+
+
+def test_fifo_serves_every_class_in_arrival_order_without_drops():
+    q = Queues("fifo", limit=100, background=None)
+    for seq, io in enumerate([B, B, I, U]):
+        q.push(_req(io, deadline=0.5, seq=seq))
+    order = [q.pop(None, now=10.0)[0] for _ in range(4)]
+    assert [r.seq for r in order] == [0, 1, 2, 3]
+    assert q.dropped[I] == 0
+
+
+def test_background_is_paced_by_its_token_bucket():
+    bucket = TokenBucket(rate=10.0, burst=2.0, now=0.0)
+    q = Queues("sla", limit=100, background=bucket)
+    for seq in range(3):
+        q.push(_req(B, seq=seq))
+    assert q.pop(B, 0.0)[0].seq == 0
+    assert q.pop(B, 0.0)[0].seq == 1
+    req, _, wait = q.pop(B, 0.0)
+    assert req is None and wait == pytest.approx(0.1)
+    assert q.pop(B, 0.1)[0].seq == 2
+
+
+def test_bounded_queues_refuse_instead_of_buffering():
+    q = Queues("sla", limit=2, background=None)
+    q.push(_req(U, seq=0))
+    q.push(_req(U, seq=1))
+    with pytest.raises(ResourceExhaustedError, match="update I/O queue is full"):
+        q.push(_req(U, seq=2))
+    q.push(_req(I, 1.0, seq=3))  # other classes have their own room
+
+
+def test_aimd_halves_on_a_missed_target_and_grows_on_target():
+    bucket = TokenBucket(rate=100.0, burst=10.0, now=0.0)
+    aimd = Aimd(bucket, target_s=0.002, step=10.0, floor=5.0, ceiling=120.0, window=1.0, now=0.0)
+    for t in range(10):
+        aimd.observe(0.010, now=0.05 * t)  # slow searches in the first window
+    aimd.observe(0.010, now=1.0)
+    assert bucket.rate == 50.0
+    aimd.observe(0.001, now=2.0)
+    assert bucket.rate == 60.0
+    for w in range(3, 10):
+        aimd.tick(now=float(w))  # quiet windows: on target
+    assert bucket.rate == 120.0  # capped
+    for w in range(10, 20):
+        aimd.observe(1.0, now=float(w))
+    assert bucket.rate == 5.0  # floored
+
+
+def test_tenant_quotas_refuse_with_resource_exhausted():
+    now = [0.0]
+    s = IOScheduler("sla", tenant_rate=1.0, tenant_burst=2.0, clock=lambda: now[0])
+    try:
+        assert s.run(I, lambda: 1, tenant="a") == 1
+        assert s.run(I, lambda: 2, tenant="a") == 2
+        with pytest.raises(ResourceExhaustedError, match="tenant 'a'"):
+            s.submit(I, lambda: 3, tenant="a")
+        assert s.run(I, lambda: 4, tenant="b") == 4  # another tenant is not affected
+        now[0] = 1.0  # a second later a's bucket holds a token again
+        assert s.run(I, lambda: 5, tenant="a") == 5
+    finally:
+        s.close()
+
+
+def test_a_search_runs_while_background_work_blocks_its_workers():
+    s = IOScheduler("sla", workers={I: 1, U: 1, B: 1})
+    release, started = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        release.wait(30)
+        return "bg"
+
+    try:
+        bg = s.submit(B, slow)
+        assert started.wait(30)
+        assert s.submit(I, lambda: "search").result(timeout=30) == "search"
+        assert not bg.done()  # the search did not wait for it
+        release.set()
+        assert bg.result(timeout=30) == "bg"
+    finally:
+        release.set()
+        s.close()
+
+
+def test_under_fifo_a_search_waits_behind_background_work():
+    s = IOScheduler("fifo", workers={I: 1})  # one shared worker
+    release, started = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        release.wait(30)
+
+    try:
+        bg = s.submit(B, slow)
+        assert started.wait(30)
+        search = s.submit(I, lambda: "search")
+        assert not search.done()  # the only worker is busy with the background request
+        release.set()
+        assert search.result(timeout=30) == "search"
+        assert bg.done()
+    finally:
+        release.set()
+        s.close()
+
+
+def test_an_interactive_request_past_its_deadline_is_dropped_not_run():
+    now = [0.0]
+    ran = []
+    s = IOScheduler("sla", workers={I: 1, U: 1, B: 1}, clock=lambda: now[0])
+    release, started = threading.Event(), threading.Event()
+
+    def hold():
+        started.set()
+        release.wait(30)
+
+    try:
+        s.submit(I, hold)  # occupies the only interactive worker
+        assert started.wait(30)
+        late = s.submit(I, lambda: ran.append("late"), deadline=1.0)
+        fine = s.submit(I, lambda: ran.append("fine"), deadline=100.0)
+        now[0] = 5.0  # the first deadline passes while both wait
+        release.set()
+        with pytest.raises(DeadlineExpired):
+            late.result(timeout=30)
+        fine.result(timeout=30)
+        assert ran == ["fine"]
+        assert s.stats()["dropped"]["interactive"] == 1
+    finally:
+        release.set()
+        s.close()
+
+
+def test_close_fails_queued_requests():
+    s = IOScheduler("fifo", workers={I: 1})
+    release, started = threading.Event(), threading.Event()
+    s.submit(B, lambda: (started.set(), release.wait(30)))
+    assert started.wait(30)
+    queued = s.submit(U, lambda: 1)
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    with pytest.raises(RuntimeError, match="closed"):
+        queued.result(timeout=30)
+    release.set()
+    closer.join(30)
+    assert not closer.is_alive()

@@ -1,0 +1,298 @@
+"""SLA-aware I/O scheduling in user space (after Daredevil, EuroSys '25).
+
+Every storage request carries a class (``IOClass``), a tenant and a deadline. With
+``mode="sla"`` each class has its own queue and its own workers, so a search never queues
+behind bulk or background work:
+
+* ``interactive`` requests are served earliest deadline first; one whose deadline has passed
+  when a worker reaches it is dropped (its future raises ``DeadlineExpired``) and the caller
+  reports a partial result;
+* ``update`` and ``background`` are served in arrival order; ``background`` is paced by a token
+  bucket whose rate adapts to the interactive p99 latency (AIMD: halve on a miss, add a step
+  per window on target);
+* per-tenant token buckets and bounded queues refuse work with ``ResourceExhaustedError``
+  instead of buffering without bound.
+
+``mode="fifo"`` puts every class in one shared arrival-order queue, for comparison.
+The policy (``Queues``, ``TokenBucket``, ``Aimd``) is separate from the threads, and takes the
+time as an argument, so its ordering and drops are tested without sleeping.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import VindexError
+from .storage.base import IOClass
+
+#: Classes in the order workers of the shared (fifo) pool would see them; sla never mixes them.
+CLASSES = (IOClass.INTERACTIVE, IOClass.UPDATE, IOClass.BACKGROUND)
+
+
+class ResourceExhaustedError(VindexError):
+    """A tenant's quota or a class queue is full; retry later (RESOURCE_EXHAUSTED over gRPC)."""
+
+
+class DeadlineExpired(VindexError):
+    """The request's deadline passed before a worker reached it; it was not run."""
+
+
+class TokenBucket:
+    """``rate`` tokens per second up to ``burst``; ``take`` spends if it can."""
+
+    def __init__(self, rate: float, burst: float, now: float):
+        self.rate, self.burst = float(rate), float(burst)
+        self.tokens, self.stamp = float(burst), now
+
+    def _refill(self, now: float) -> None:
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def take(self, cost: float, now: float) -> bool:
+        self._refill(now)
+        if self.tokens >= cost:
+            self.tokens -= cost
+            return True
+        return False
+
+    def wait_time(self, cost: float, now: float) -> float:
+        """Seconds until ``cost`` tokens are there (0 if they are)."""
+        self._refill(now)
+        missing = min(cost, self.burst) - self.tokens
+        return 0.0 if missing <= 0 else missing / max(self.rate, 1e-9)
+
+
+class Aimd:
+    """Adapts the background rate to an interactive latency target: each ``window`` seconds,
+    a p99 over the target halves the rate, one under it adds ``step``."""
+
+    def __init__(self, bucket: TokenBucket, target_s: float, *, step: float, floor: float,
+                 ceiling: float, window: float, now: float):
+        self.bucket, self.target = bucket, target_s
+        self.step, self.floor, self.ceiling, self.window = step, floor, ceiling, window
+        self.samples: list[float] = []
+        self.window_end = now + window
+        self.history: list[tuple[float, float, float]] = []  # (time, p99, new rate)
+
+    def observe(self, latency_s: float, now: float) -> None:
+        self.samples.append(latency_s)
+        self.tick(now)
+
+    def tick(self, now: float) -> None:
+        """Close the window if it is over (a window without searches counts as on target)."""
+        if now >= self.window_end:
+            self._adjust(now)
+
+    def _adjust(self, now: float) -> None:
+        p99 = float(np.percentile(self.samples, 99)) if self.samples else 0.0
+        rate = self.bucket.rate
+        rate = rate / 2 if p99 > self.target else rate + self.step
+        self.bucket.rate = min(self.ceiling, max(self.floor, rate))
+        self.history.append((now, p99, self.bucket.rate))
+        self.samples.clear()
+        self.window_end = now + self.window
+
+
+@dataclass(order=True)
+class Request:
+    """One storage request. Ordered by (deadline, arrival) for the interactive heap."""
+
+    deadline: float
+    seq: int
+    io: IOClass = field(compare=False)
+    tenant: str = field(compare=False)
+    fn: Callable[[], Any] = field(compare=False)
+    cost: float = field(compare=False, default=1.0)
+    submitted: float = field(compare=False, default=0.0)
+    future: Future = field(compare=False, default_factory=Future)
+
+
+class Queues:
+    """The queues of one scheduler and the choice of the next request (no threads here)."""
+
+    def __init__(self, mode: str, *, limit: int, background: TokenBucket | None):
+        if mode not in ("sla", "fifo"):
+            raise ValueError(f"io_scheduler: expected 'sla' or 'fifo', got {mode!r}")
+        self.mode, self.limit, self.background = mode, limit, background
+        self._heap: list[Request] = []                                 # interactive, EDF
+        self._fifo: dict[IOClass, list[Request]] = {c: [] for c in CLASSES}
+        self._heads: dict[IOClass, int] = {c: 0 for c in CLASSES}
+        self._shared: list[Request] = []                               # fifo mode
+        self._shared_head = 0
+        self.dropped = {c: 0 for c in CLASSES}
+
+    def depth(self, io: IOClass) -> int:
+        if self.mode == "fifo":
+            return sum(1 for r in self._shared[self._shared_head:] if r.io == io)
+        if io == IOClass.INTERACTIVE:
+            return len(self._heap)
+        return len(self._fifo[io]) - self._heads[io]
+
+    def push(self, req: Request) -> None:
+        """Queue ``req``; raises ResourceExhaustedError when its queue is full."""
+        full = (len(self._shared) - self._shared_head if self.mode == "fifo" else self.depth(req.io))
+        if full >= self.limit:
+            raise ResourceExhaustedError(
+                f"{req.io.value} I/O queue is full ({self.limit} requests waiting); retry later")
+        if self.mode == "fifo":
+            self._shared.append(req)
+        elif req.io == IOClass.INTERACTIVE:
+            heapq.heappush(self._heap, req)
+        else:
+            self._fifo[req.io].append(req)
+
+    def pop(self, io: IOClass | None, now: float) -> tuple[Request | None, list[Request], float]:
+        """Next request for a worker of class ``io`` (None: the shared fifo pool).
+
+        Returns ``(request or None, expired interactive requests to fail, seconds to wait
+        before asking again when the background bucket is empty)``."""
+        if self.mode == "fifo":
+            if self._shared_head < len(self._shared):
+                req = self._shared[self._shared_head]
+                self._shared_head += 1
+                self._compact_shared()
+                return req, [], 0.0
+            return None, [], 0.0
+        if io == IOClass.INTERACTIVE:
+            expired = []
+            while self._heap and self._heap[0].deadline < now:
+                expired.append(heapq.heappop(self._heap))
+            self.dropped[IOClass.INTERACTIVE] += len(expired)
+            return (heapq.heappop(self._heap) if self._heap else None), expired, 0.0
+        q, h = self._fifo[io], self._heads[io]
+        if h >= len(q):
+            return None, [], 0.0
+        if io == IOClass.BACKGROUND and self.background is not None:
+            if not self.background.take(q[h].cost, now):
+                return None, [], self.background.wait_time(q[h].cost, now)
+        self._heads[io] = h + 1
+        if h + 1 > 1024 and 2 * (h + 1) > len(q):
+            del q[: h + 1]
+            self._heads[io] = 0
+        return q[h], [], 0.0
+
+    def drain(self) -> list[Request]:
+        """Remove and return every queued request."""
+        out = self._heap + self._shared[self._shared_head:]
+        for c in CLASSES:
+            out += self._fifo[c][self._heads[c]:]
+            self._fifo[c], self._heads[c] = [], 0
+        self._heap, self._shared, self._shared_head = [], [], 0
+        return out
+
+    def _compact_shared(self) -> None:
+        if self._shared_head > 1024 and 2 * self._shared_head > len(self._shared):
+            del self._shared[: self._shared_head]
+            self._shared_head = 0
+
+
+class IOScheduler:
+    """Runs storage requests on per-class worker threads (``sla``) or one shared pool
+    (``fifo``). The work itself (a RocksDB multi-get, a preadv) must release the GIL for the
+    classes to run side by side."""
+
+    def __init__(self, mode: str = "sla", *, workers: dict[IOClass, int] | None = None,
+                 queue_limit: int = 4096, p99_target_s: float = 0.002,
+                 background_rate: float = 2000.0, background_burst: float = 64.0,
+                 tenant_rate: float = float("inf"), tenant_burst: float = 1024.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        now = clock()
+        self.bucket = TokenBucket(background_rate, background_burst, now)
+        self.aimd = Aimd(self.bucket, p99_target_s, step=background_rate / 10, floor=background_rate / 100,
+                         ceiling=background_rate * 10, window=0.25, now=now)
+        self.queues = Queues(mode, limit=queue_limit, background=self.bucket if mode == "sla" else None)
+        self.mode = mode
+        self._tenant_rate, self._tenant_burst = tenant_rate, tenant_burst
+        self._tenants: dict[str, TokenBucket] = {}
+        self._cv = threading.Condition()
+        self._seq = itertools.count()
+        self._stop = False
+        self.completed = {c: 0 for c in CLASSES}
+        workers = workers or {IOClass.INTERACTIVE: 2, IOClass.UPDATE: 1, IOClass.BACKGROUND: 1}
+        if mode == "fifo":
+            plan = [(None, sum(workers.values()))]
+        else:
+            plan = [(c, workers.get(c, 1)) for c in CLASSES]
+        self._threads = [threading.Thread(target=self._work, args=(c,), daemon=True,
+                                          name=f"vindex-io-{c.value if c else 'fifo'}-{i}")
+                         for c, n in plan for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, io: IOClass, fn: Callable[[], Any], *, tenant: str = "default",
+               deadline: float | None = None, cost: float = 1.0) -> Future:
+        """Queue ``fn`` (the I/O) and return its future. ``deadline`` is a ``clock()`` time
+        (interactive requests past it are dropped); ``cost`` is spent from the tenant's bucket
+        and, for background work, from the pacing bucket."""
+        now = self.clock()
+        req = Request(deadline if deadline is not None else float("inf"), next(self._seq), io, tenant, fn,
+                      cost, now)
+        with self._cv:
+            if self._stop:
+                raise RuntimeError("I/O scheduler is closed")
+            bucket = self._tenants.get(tenant)
+            if bucket is None and self._tenant_rate != float("inf"):
+                bucket = self._tenants[tenant] = TokenBucket(self._tenant_rate, self._tenant_burst, now)
+            if bucket is not None and not bucket.take(cost, now):
+                raise ResourceExhaustedError(f"tenant {tenant!r} is over its I/O quota; retry later")
+            self.queues.push(req)
+            self._cv.notify_all()
+        return req.future
+
+    def run(self, io: IOClass, fn: Callable[[], Any], **kw: Any) -> Any:
+        """``submit`` and wait for the result."""
+        return self.submit(io, fn, **kw).result()
+
+    def _work(self, io: IOClass | None) -> None:
+        while True:
+            with self._cv:
+                while True:
+                    if self._stop:
+                        return
+                    now = self.clock()
+                    if io == IOClass.BACKGROUND:
+                        self.aimd.tick(now)
+                    req, expired, wait = self.queues.pop(io, now)
+                    for r in expired:
+                        r.future.set_exception(DeadlineExpired(
+                            f"{r.io.value} request dropped: its deadline passed in the queue"))
+                    if req is not None:
+                        break
+                    self._cv.wait(timeout=wait or None)
+            if not req.future.set_running_or_notify_cancel():
+                continue
+            try:
+                req.future.set_result(req.fn())
+            except BaseException as exc:
+                req.future.set_exception(exc)
+            done = self.clock()
+            with self._cv:
+                self.completed[req.io] += 1
+                if req.io == IOClass.INTERACTIVE:
+                    self.aimd.observe(done - req.submitted, done)
+                self._cv.notify_all()
+
+    def stats(self) -> dict:
+        with self._cv:
+            return {"mode": self.mode, "completed": {c.value: n for c, n in self.completed.items()},
+                    "dropped": {c.value: n for c, n in self.queues.dropped.items()},
+                    "queued": {c.value: self.queues.depth(c) for c in CLASSES},
+                    "background_rate": self.bucket.rate}
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            left = self.queues.drain()
+            self._cv.notify_all()
+        for r in left:
+            r.future.set_exception(RuntimeError("I/O scheduler closed before the request ran"))
+        for t in self._threads:
+            t.join()
