@@ -315,14 +315,31 @@ def _spread(start, alive, nbrs, seen, queue):
 
 
 @nb.njit(**_q)
+def _free_slot(v, heads, nbrs, indeg):
+    """A slot of ``v``'s row a new edge may take: a free one, else the one to its farthest
+    neighbour that has other in-edges; -1 if every edge is some head's only way in."""
+    slot, far = -1, -1.0
+    for t in range(nbrs.shape[1]):
+        c = nbrs[v, t]
+        if c < 0:
+            return t
+        if indeg[c] > 1:
+            d = l2sq(heads[v], heads[c])
+            if d > far:
+                slot, far = t, d
+    return slot
+
+
+@nb.njit(**_q)
 def connect(n, alive, entries, heads, nbrs, touched):
-    """Give each live head that no path from the entry points reaches an in-edge from its
-    nearest reachable head; returns the edges added.
+    """Give each live head that no path from the entry points reaches an in-edge from a
+    nearby reachable head; returns the edges added.
 
     Pruning on insert and removal can take a head's last in-edge away; beam searches then never
-    visit it, and its posting is lost to every query. The new edge fills a free slot or
-    replaces the source's farthest edge to a head that has other in-edges (so that rarely cuts
-    another head off; callers repeat until nothing is added)."""
+    visit it, and its posting is lost to every query. The edge comes from the nearest
+    reachable head with room (its own neighbours are tried first: they are near it), filling
+    a free slot or replacing the source's farthest edge to a head that has other in-edges (so
+    that rarely cuts another head off; callers repeat until nothing is added)."""
     R = nbrs.shape[1]
     seen = np.zeros(n, dtype=np.bool_)
     queue = np.empty(n, dtype=np.int32)
@@ -342,37 +359,29 @@ def connect(n, alive, entries, heads, nbrs, touched):
     for u in range(n):
         if not alive[u] or seen[u]:
             continue
-        best, best_d = -1, np.inf
-        for t in range(R):  # its own neighbours are near it: usually one of them is reachable
+        best, best_d, best_slot = -1, np.inf, -1
+        for t in range(R):
             c = nbrs[u, t]
             if c >= 0 and alive[c] and seen[c]:
                 d = l2sq(heads[u], heads[c])
                 if d < best_d:
-                    best, best_d = c, d
+                    s = _free_slot(c, heads, nbrs, indeg)
+                    if s >= 0:
+                        best, best_d, best_slot = c, d, s
         if best < 0:
             for c in range(n):
                 if alive[c] and seen[c]:
                     d = l2sq(heads[u], heads[c])
                     if d < best_d:
-                        best, best_d = c, d
+                        s = _free_slot(c, heads, nbrs, indeg)
+                        if s >= 0:
+                            best, best_d, best_slot = c, d, s
         if best < 0:
-            break  # nothing is reachable: no entry points
-        slot, far = -1, -1.0
-        for t in range(R):
-            c = nbrs[best, t]
-            if c < 0:
-                slot = t
-                break
-            if indeg[c] > 1:
-                d = l2sq(heads[best], heads[c])
-                if d > far:
-                    slot, far = t, d
-        if slot < 0:
-            continue  # every edge of the nearest is some head's only way in: leave it
-        old = nbrs[best, slot]
+            continue  # no reachable head can take an edge (or there are no entry points)
+        old = nbrs[best, best_slot]
         if old >= 0:
             indeg[old] -= 1
-        nbrs[best, slot] = u
+        nbrs[best, best_slot] = u
         indeg[u] += 1
         touched[best] = 1
         seen[u] = True

@@ -25,12 +25,13 @@ from .status import CollectionExistsError, CollectionNotFoundError
 
 log = logging.getLogger("vindex.service")
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: ``\Z``, not ``$``: ``$`` also matches before a trailing newline ("docs\n" was a valid name).
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 SUBDIR = "collections"
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise errors.InvalidInputError(
             f"collection name: expected 1-64 characters from [A-Za-z0-9_.-] starting with a letter "
             f"or digit, got {name!r}")
@@ -56,8 +57,9 @@ def _lock_dir(data_dir: str) -> int | None:
 class _Entry:
     """An open collection and the count of calls using it."""
 
-    def __init__(self, name: str, index: vindex.Index):
+    def __init__(self, name: str, index: vindex.Index | None, broken: Exception | None = None):
         self.name, self.index = name, index
+        self.broken = broken  # why a collection on disk could not be opened (corruption)
         self.users = 0
         self.dropping = False
 
@@ -77,13 +79,17 @@ class Collections:
         """Open every collection found on disk; returns their names."""
         for name in sorted(os.listdir(self.root)):
             path = os.path.join(self.root, name)
-            if not NAME_RE.match(name) or not os.path.isdir(path):
+            if not NAME_RE.fullmatch(name) or not os.path.isdir(path):
                 continue
             if not os.path.exists(os.path.join(path, "vindex.json")):
                 log.warning("removing %s: a collection whose creation did not finish", path)
                 shutil.rmtree(path, ignore_errors=True)
                 continue
-            self._entries[name] = _Entry(name, vindex.Index.open(path, **self._runtime))
+            try:
+                self._entries[name] = _Entry(name, vindex.Index.open(path, **self._runtime))
+            except errors.CorruptionError as exc:  # serve the others; calls on it get DATA_LOSS
+                log.error("collection %s is damaged and stays closed: %s", name, exc)
+                self._entries[name] = _Entry(name, None, broken=exc)
         return sorted(self._entries)
 
     def names(self) -> list[str]:
@@ -138,6 +144,10 @@ class Collections:
             entry = self._entries.get(name)
             if entry is None or entry.dropping:
                 raise CollectionNotFoundError(f"no collection named {name!r}")
+            if entry.broken is not None:
+                raise errors.CorruptionError(
+                    f"collection {name!r} is damaged (drop it, or stop the server and run "
+                    f"'vindex verify'): {entry.broken}")
             entry.users += 1
         try:
             yield entry.index
@@ -157,8 +167,9 @@ class Collections:
             while entry.users:
                 self._cond.wait()
         try:
-            entry.index.close()
-            shutil.rmtree(entry.index.path)
+            if entry.index is not None:
+                entry.index.close()
+            shutil.rmtree(os.path.join(self.root, name))
         finally:
             with self._cond:
                 del self._entries[name]

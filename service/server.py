@@ -82,6 +82,93 @@ def decode_vectors(buf: bytes, dim: int, what: str, max_rows: int) -> np.ndarray
     return np.frombuffer(buf, dtype="<f4").reshape(-1, dim)
 
 
+class Undecodable:
+    """A request whose bytes are not a valid message of its type (garbage, truncated, invalid
+    UTF-8 in a string field). Parsing never raises: grpc would answer UNKNOWN; the handler
+    answers INVALID_ARGUMENT instead."""
+
+    def __init__(self, type_name: str, error: BaseException):
+        self.type_name, self.error = type_name, error
+
+    def exception(self) -> errors.InvalidInputError:
+        return errors.InvalidInputError(
+            f"request: not a valid {self.type_name} message ({type(self.error).__name__}: {self.error})")
+
+
+def _parser(cls: Any) -> Callable[[bytes], Any]:
+    def parse(raw: bytes) -> Any:
+        try:
+            return cls.FromString(raw)
+        except Exception as e:  # DecodeError, and whatever else malformed bytes raise
+            return Undecodable(cls.DESCRIPTOR.full_name, e)
+    return parse
+
+
+async def _refuse(context: grpc.aio.ServicerContext, bad: Undecodable) -> None:
+    exc = bad.exception()
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message(exc), trailing_metadata=trailers(exc))
+
+
+def _unary(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):
+            await _refuse(context, request)
+        return await fn(request, context)
+    return handler
+
+
+def _streaming(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    async def handler(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[Any]:
+        async def requests() -> AsyncIterator[Any]:
+            async for request in request_iterator:
+                if isinstance(request, Undecodable):
+                    await _refuse(context, request)  # after the chunks before it were acknowledged
+                yield request
+
+        async for response in fn(requests(), context):
+            yield response
+    return handler
+
+
+def add_servicer(servicer: pb_grpc.VectorIndexServicer, server: grpc.aio.Server) -> None:
+    """``pb_grpc.add_VectorIndexServicer_to_server``, but with requests that fail to parse
+    answered INVALID_ARGUMENT (grpc's own deserialization failure is UNKNOWN)."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["VectorIndex"].methods:
+        request_cls = getattr(pb, method.input_type.name)
+        response_cls = getattr(pb, method.output_type.name)
+        fn = getattr(servicer, method.name)
+        if method.client_streaming and method.server_streaming:
+            make, fn = grpc.stream_stream_rpc_method_handler, _streaming(fn)
+        elif not method.client_streaming and not method.server_streaming:
+            make, fn = grpc.unary_unary_rpc_method_handler, _unary(fn)
+        else:
+            raise NotImplementedError(f"{method.full_name}: only unary and bidirectional RPCs are served")
+        handlers[method.name] = make(fn, request_deserializer=_parser(request_cls),
+                                     response_serializer=response_cls.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+def decode_config(text: str) -> dict:
+    """``CreateCollectionRequest.config_json`` as keyword arguments for ``IndexConfig``."""
+    try:
+        config = json.loads(text) if text else {}
+    except (ValueError, RecursionError) as e:  # JSONDecodeError; ints over 4300 digits; deep nesting
+        raise errors.InvalidConfigError(f"config_json: not valid JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(config, dict):
+        raise errors.InvalidConfigError(f"config_json: expected a JSON object, got {text!r}")
+    for key in ("dim", "metric"):
+        if key in config:
+            raise errors.InvalidConfigError(f"config_json: set {key!r} as its own field, not in config")
+    for key, value in config.items():
+        # no setting is meaningful beyond 64 bits; the store's own arguments overflow past them
+        if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+            raise errors.InvalidConfigError(f"config {key}: expected a 64-bit integer, got {value}")
+    return config
+
+
 def collection_info(name: str, index: vindex.Index) -> pb.CollectionInfo:
     return pb.CollectionInfo(name=name, dim=index.dim, metric=index.metric, count=len(index),
                              config_json=json.dumps(dataclasses.asdict(index.config)))
@@ -139,15 +226,7 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
     # collections
     async def CreateCollection(self, request, context):
         def run():
-            try:
-                config = json.loads(request.config_json) if request.config_json else {}
-            except json.JSONDecodeError as e:
-                raise errors.InvalidConfigError(f"config_json: not valid JSON ({e})") from None
-            if not isinstance(config, dict):
-                raise errors.InvalidConfigError(f"config_json: expected a JSON object, got {request.config_json!r}")
-            for key in ("dim", "metric"):
-                if key in config:
-                    raise errors.InvalidConfigError(f"config_json: set {key!r} as its own field, not in config")
+            config = decode_config(request.config_json)
             index = self.collections.create(request.name, dim=request.dim, metric=request.metric or "l2",
                                             config=config, if_not_exists=request.if_not_exists)
             return collection_info(request.name, index)
@@ -165,6 +244,8 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
                         out.append(collection_info(name, index))
                 except errors.IndexNotFoundError:
                     pass  # dropped meanwhile
+                except errors.CorruptionError:
+                    pass  # damaged: calls naming it answer DATA_LOSS
             return pb.ListCollectionsResponse(collections=out)
         return await self._call(context, run)
 
@@ -303,7 +384,7 @@ class Server:
         self.health = health_aio.HealthServicer()
         self.server = grpc.aio.server(options=grpc_options(),
                                       maximum_concurrent_rpcs=config.limits.max_concurrent_rpcs)
-        pb_grpc.add_VectorIndexServicer_to_server(self.servicer, self.server)
+        add_servicer(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),

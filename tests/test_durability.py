@@ -304,3 +304,36 @@ def test_verify_cli(tmp_path, capsys):
         json.dump(meta, f)
     assert main(["verify", str(tmp_path / "idx")]) == 2
     assert "CorruptionError" in capsys.readouterr().err
+
+
+# --- the service ----------------------------------------------------------------------------------
+def test_a_damaged_collection_answers_data_loss_while_the_others_serve(tmp_path):
+    import grpc
+
+    from test_service import ServerProcess
+
+    root = tmp_path / "data" / "collections"
+    rng = np.random.default_rng(13)
+    x = _vectors(rng, 300)
+    for name in ("good", "bad"):
+        vindex.Index.build(root / name, x).close()
+    victim = glob.glob(str(root / "bad" / "checkpoint" / "*" / "versions.npy"))[0]
+    _flip(victim, [os.path.getsize(victim) - 1])
+    srv = ServerProcess(tmp_path / "data")
+    try:
+        assert "bad is damaged" in srv.log()
+        with vindex.Client(srv.target, timeout=60) as client:
+            assert client.list_collections() == ["good"]
+            ids, _ = client.collection("good").search(x[:3], 1)
+            assert ids[:, 0].tolist() == [0, 1, 2]
+            with pytest.raises(CorruptionError, match="damaged"):
+                client.collection("bad").search(x[:3], 1)
+            try:
+                client.collection("bad").search(x[:3], 1)
+            except CorruptionError as exc:
+                assert isinstance(exc.__cause__ or exc.__context__, grpc.RpcError)
+                assert (exc.__cause__ or exc.__context__).code() == grpc.StatusCode.DATA_LOSS
+            assert client.drop_collection("bad")
+            assert not os.path.exists(root / "bad")
+    finally:
+        assert srv.stop() == 0

@@ -55,6 +55,10 @@ def _leaves(x: np.ndarray, k: int, iters: int, seed: int, max_leaf: int) -> list
         sub_k = max(2, -(-members.shape[0] // max(1, max_leaf // 2)))
         if sub_k >= members.shape[0]:
             out.append(members)
+        elif sizes[c] == x.shape[0] and np.all(members == members[0]):
+            # identical points: k-means cannot split them and recursion would never end;
+            # several heads at the same place share them out
+            out.append(np.repeat(members[:1], sub_k, axis=0))
         else:
             out.extend(_leaves(members, sub_k, iters, seed + 1, max_leaf))
     return out

@@ -19,7 +19,8 @@ DURABILITY = ("process", "fsync")
 
 #: Fields that may differ between the process that built an index and one that reopens it.
 RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebalance_batch",
-                            "checkpoint_every", "scrub_ratio", "durability"})
+                            "checkpoint_every", "scrub_ratio", "durability",
+                            "io_scheduler", "interactive_p99_ms"})
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,13 @@ class IndexConfig:
     """Posting store: ``rocksdb`` (embedded, the default) or ``memory`` (tests; not persisted)."""
     cache_bytes: int = 512 * 1024 * 1024
     """(runtime) RocksDB block cache size."""
+    io_scheduler: str = "sla"
+    """(runtime) ``sla``: background rebalancing yields to searches: its share of time halves
+    whenever the p99 of small searches misses ``interactive_p99_ms`` and grows back while it
+    does not. ``fifo``: no pacing (for comparison)."""
+    interactive_p99_ms: float = 5.0
+    """(runtime) The search latency target (p99, batches of up to 16 queries) background
+    work is paced to."""
     durability: str = "process"
     """(runtime) When a write is acknowledged. ``process``: it is in the store's write-ahead
     log, so it survives the process being killed (not a power loss). ``fsync``: the log is
@@ -125,7 +133,7 @@ class IndexConfig:
                 raise InvalidConfigError(f"config {f.name}: expected a number, got {value!r}")
             if f.type == "bool" and not isinstance(value, bool):
                 raise InvalidConfigError(f"config {f.name}: expected True or False, got {value!r}")
-        need(self.posting_limit_bytes >= 1024, "posting_limit_bytes", ">= 1024")
+        need(1024 <= self.posting_limit_bytes <= 1 << 30, "posting_limit_bytes", "1024..2^30")
         need(0.05 <= self.build_fill <= 1.0, "build_fill", "a fraction in [0.05, 1]")
         need(1 <= self.max_replicas <= 8, "max_replicas", "1..8")
         need(1 <= self.replica_candidates <= 1024, "replica_candidates", "1..1024")
@@ -140,21 +148,23 @@ class IndexConfig:
         need(self.split_balance >= 0, "split_balance", ">= 0")
         need(self.scrub_ratio >= 0, "scrub_ratio", ">= 0")
         need(1 <= self.rebalance_batch <= 65536, "rebalance_batch", "1..65536")
-        need(self.checkpoint_every >= 1, "checkpoint_every", ">= 1")
+        need(1 <= self.checkpoint_every <= 1 << 62, "checkpoint_every", "1..2^62")
         need(4 <= self.graph_degree <= 256, "graph_degree", "4..256")
-        need(self.graph_build_ef >= self.graph_degree, "graph_build_ef", ">= graph_degree")
-        need(self.graph_alpha >= 1.0, "graph_alpha", ">= 1.0")
+        need(self.graph_degree <= self.graph_build_ef <= 4096, "graph_build_ef", "graph_degree..4096")
+        need(1.0 <= self.graph_alpha <= 10.0, "graph_alpha", "in [1, 10]")
         need(1 <= self.graph_entries <= 4096, "graph_entries", "1..4096")
         need(1 <= self.kmeans_iters <= 1000, "kmeans_iters", "1..1000")
-        need(self.kmeans_max_points_per_centroid >= 8, "kmeans_max_points_per_centroid", ">= 8")
-        need(self.seed >= 0, "seed", ">= 0")
-        need(self.build_threads >= 0, "build_threads", ">= 0")
+        need(8 <= self.kmeans_max_points_per_centroid <= 1 << 20, "kmeans_max_points_per_centroid", "8..2^20")
+        need(0 <= self.seed < 1 << 31, "seed", "0..2^31-1 (faiss takes a 32-bit seed)")
+        need(0 <= self.build_threads <= 1024, "build_threads", "0..1024")
         need(1 <= self.max_postings <= 4096, "max_postings", "1..4096")
         need(self.search_eps >= 0, "search_eps", ">= 0")
         need(self.search_ef == 0 or self.search_ef >= 1, "search_ef", "0 (auto) or >= 1")
         need(self.store in STORES, "store", f"one of {STORES}")
-        need(self.cache_bytes >= 0, "cache_bytes", ">= 0")
+        need(0 <= self.cache_bytes <= 1 << 48, "cache_bytes", "0..2^48")
         need(self.durability in DURABILITY, "durability", f"one of {DURABILITY}")
+        need(self.io_scheduler in ("sla", "fifo"), "io_scheduler", "'sla' or 'fifo'")
+        need(self.interactive_p99_ms > 0, "interactive_p99_ms", "> 0")
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "IndexConfig":

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -126,8 +127,8 @@ class Index:
         dim = int(x.shape[1])
         exts = np.arange(x.shape[0], dtype=np.int64) if ids is None else validation.ids(ids)
         validation.same_length(exts, x)
-        if metric == "cosine":
-            x = validation.unit_rows(x, what="vectors")
+        x = (validation.unit_rows(x, what="vectors") if metric == "cosine"
+             else validation.bounded_rows(x, what="vectors"))
         path = os.fspath(path)
         created = layout.prepare_new(path)
         store = None
@@ -238,12 +239,14 @@ class Index:
             return SearchResult(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32),
                                 {"postings": 0, "records_scanned": 0})
         eng = self._engine
+        started = time.perf_counter()
         with eng.readers.search():  # postings this search may still read stay in the store
             ids, dists, work = run_search(q, k, graph=eng.state.graph, idmap=eng.state.idmap,
                                           store=eng.store, readers=eng.readers, metric=self._metric_code,
                                           max_postings=m, eps=e, ef=max(beam, m))
         if self.metric == "cosine":
             dists = dists * np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors
+        eng.pacer.observe(time.perf_counter() - started, q.shape[0])
         return SearchResult(ids, dists, work)
 
     def check_queries(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
@@ -264,7 +267,9 @@ class Index:
 
     def _vectors(self, x: Any, what: str) -> np.ndarray:
         v = validation.vectors(x, self.dim, what=what)
-        return validation.unit_rows(v, what=what) if self.metric == "cosine" and v.shape[0] else v
+        if self.metric == "cosine":
+            return validation.unit_rows(v, what=what) if v.shape[0] else v
+        return validation.bounded_rows(v, what=what)
 
     # --- updates ------------------------------------------------------------------------------
     def upsert(self, ids: Any, vectors: Any) -> None:
@@ -426,6 +431,9 @@ class Index:
             "log_seq": eng.seq,
             "checkpoint_seq": eng.checkpoint_seq,
             "durability": self.config.durability,
+            "io_scheduler": self.config.io_scheduler,
+            "background_duty": eng.pacer.duty,
+            "background_paused_s": eng.pacer.paused_s,
             "fsyncs": eng.group.syncs,
             "memory_bytes": self._memory_bytes(),
             "build": dict(eng.build_stats),

@@ -16,7 +16,7 @@ MAX_K = 10_000
 def vectors(x: Any, dim: int, *, what: str = "vectors", allow_1d: bool = True) -> np.ndarray:
     """``x`` as a C-contiguous ``(n, dim) float32`` array of finite values.
 
-    A 1-D input of length ``dim`` is one row.
+    A 1-D input of length ``dim`` is one row; an empty one (``[]``) is no rows.
     """
     if type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous:
         # fast path for the common case (one query on the search path): checks only
@@ -32,7 +32,7 @@ def vectors(x: Any, dim: int, *, what: str = "vectors", allow_1d: bool = True) -
     if np.iscomplexobj(arr):
         raise InvalidInputError(f"{what}: expected real numbers, got dtype {arr.dtype}")
     if arr.ndim == 1 and allow_1d:
-        arr = arr.reshape(1, -1)
+        arr = arr.reshape(1, -1) if arr.size else arr.reshape(0, dim)  # [] is no rows
     if arr.ndim != 2:
         raise DimensionError(f"{what}: expected a 2-D (n, {dim}) array, got shape {arr.shape}")
     if arr.shape[1] != dim:
@@ -108,15 +108,54 @@ def k(value: Any) -> int:
 
 
 def non_negative_float(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value < 0:
+    out = float("nan")
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
+        try:
+            out = float(value)  # an int past 1e308 overflows; np.isfinite refuses ints and Fractions
+        except (OverflowError, TypeError, ValueError):
+            pass
+    if not np.isfinite(out) or out < 0:
         raise InvalidKError(f"{name}: expected a finite number >= 0, got {value!r}")
-    return float(value)
+    return out
+
+
+#: Below this norm a float32 sum of squares is subnormal.
+_SMALL_NORM = np.float32(np.sqrt(np.finfo(np.float32).tiny))
+
+
+#: Largest squared norm of a stored vector or query under l2 and ip: distances and inner
+#: products of such rows stay finite in float32 (|a - b|^2 <= 2|a|^2 + 2|b|^2 < 3.4e38).
+MAX_SQUARED_NORM = 1e37
+
+
+def bounded_rows(x: np.ndarray, *, what: str) -> np.ndarray:
+    """``x`` unchanged if every row's squared norm is at most ``MAX_SQUARED_NORM``."""
+    with np.errstate(over="ignore"):
+        sq = np.einsum("ij,ij->i", x, x)
+    if not (sq <= MAX_SQUARED_NORM).all():
+        rows = np.flatnonzero(~(sq <= MAX_SQUARED_NORM))
+        raise NonFiniteError(
+            f"{what}: rows {preview(rows)} have squared norms above {MAX_SQUARED_NORM:g}; distances "
+            f"between such vectors overflow float32 (scale the vectors down)")
+    return x
 
 
 def unit_rows(x: np.ndarray, *, what: str) -> np.ndarray:
     """Rows scaled to unit length (cosine metric); zero rows are an error."""
-    norms = np.sqrt(np.einsum("ij,ij->i", x, x))
-    if not norms.all():
-        zero = np.flatnonzero(norms == 0)
-        raise InvalidInputError(f"{what}: cosine metric needs non-zero vectors, got zero vectors in rows {preview(zero)}")
+    with np.errstate(over="ignore", under="ignore"):
+        norms = np.sqrt(np.einsum("ij,ij->i", x, x))
+    # a float32 sum of squares overflows to inf past |x| ~ 1e19 (the row would become zero) and
+    # loses precision to subnormals, or underflows to 0, below ~1e-19 (a non-zero row would be
+    # refused or not come out unit length): redo those rows in float64
+    odd = ~np.isfinite(norms) | (norms < _SMALL_NORM)
+    if odd.any():
+        wide = x[odd].astype(np.float64)
+        wide_norms = np.sqrt(np.einsum("ij,ij->i", wide, wide))
+        if not wide_norms.all():
+            zero = np.flatnonzero(odd)[wide_norms == 0]
+            raise InvalidInputError(
+                f"{what}: cosine metric needs non-zero vectors, got zero vectors in rows {preview(zero)}")
+        out = x / np.where(odd, 1, norms)[:, None]
+        out[odd] = (wide / wide_norms[:, None]).astype(np.float32)
+        return out
     return x / norms[:, None]
