@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-hnswlib", action="store_true")
     ap.add_argument("--switch-intervals", default="0.005,0.0005",
                     help="GIL switch intervals (s) to measure latency under ingest with (Python's default is 0.005)")
+    ap.add_argument("--io-scheduler", default="sla", choices=["sla", "fifo"],
+                    help="sla: background rebalancing paced to --p99-target-ms; fifo: unpaced")
+    ap.add_argument("--p99-target-ms", type=float, default=5.0)
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
     n, n0 = datasets.parse_count(args.n), datasets.parse_count(args.initial)
@@ -98,11 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     ids = np.arange(n0, n, dtype=np.int64)
     work = tempfile.mkdtemp(prefix="vindex-ingest-")
     result: dict = {"meta": {"n": n, "initial": n0, "batch": args.batch, "threads": args.threads,
+                             "io_scheduler": args.io_scheduler, "p99_target_ms": args.p99_target_ms,
                              "time": time.strftime("%Y-%m-%d %H:%M:%S")}}
     try:
         measure.limit_threads(args.threads)
         t0 = time.perf_counter()
-        index = vindex.Index.build(f"{work}/v", base[:n0], build_threads=args.threads, progress=False)
+        index = vindex.Index.build(f"{work}/v", base[:n0], build_threads=args.threads, progress=False,
+                                   io_scheduler=args.io_scheduler, interactive_p99_ms=args.p99_target_ms)
         result["vindex_build_initial_s"] = time.perf_counter() - t0
         secs = upsert_all(index, ids, base[n0:], args.batch)
         t0 = time.perf_counter()

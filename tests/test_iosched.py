@@ -185,3 +185,50 @@ def test_close_fails_queued_requests():
     release.set()
     closer.join(30)
     assert not closer.is_alive()
+
+
+def test_background_pacer_yields_when_searches_miss_their_target():
+    from vindex.iosched import BackgroundPacer
+
+    now = [0.0]
+    p = BackgroundPacer("sla", 0.002, clock=lambda: now[0], window=1.0)
+    assert p.charge(0.01) == 0.0  # within the burst: no pause
+    for _ in range(20):
+        p.observe(0.010, 1)      # small searches at 10 ms, target 2 ms
+        p.observe(5.0, 1000)     # a bulk batch is not an interactive sample
+    now[0] = 1.0
+    p.observe(0.010, 1)          # the window closes: duty cycle halves
+    assert p.duty == 0.5
+    assert p.charge(0.5) == 0.0  # a 0.5 s step within 1 s of wall time: half, on budget
+    assert p.charge(0.5) == pytest.approx(0.92)  # another at once: 0.46 s of debt at half speed
+    q = BackgroundPacer("sla", 0.002, clock=lambda: now[0])
+    for _ in range(10):  # at full speed, back-to-back steps never pause
+        now[0] += 0.3
+        assert q.charge(0.3) == 0.0
+    for w in range(2, 12):       # no searches: back to full speed step by step
+        now[0] = float(w)
+        p.charge(0.0)
+    assert p.duty == 1.0
+    now[0] = 20.0
+    assert BackgroundPacer("fifo", 0.002).charge(10.0) == 0.0
+
+
+def test_pacing_is_a_runtime_setting_and_background_still_drains(tmp_path):
+    import numpy as np
+
+    import vindex
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2000, 16)).astype(np.float32)
+    with vindex.Index.build(tmp_path / "idx", x, posting_limit_bytes=1024, io_scheduler="sla",
+                            interactive_p99_ms=0.001) as idx:  # a target no search meets
+        for _ in range(20):
+            idx.search(x[:1], 5)
+        idx.upsert(np.arange(2000, 3000), rng.standard_normal((1000, 16)).astype(np.float32) + 2)
+        for _ in range(50):
+            idx.search(x[:1], 5)
+        assert idx.wait_idle(120)  # paced, not starved
+        s = idx.stats()
+        assert s["io_scheduler"] == "sla" and s["postings_over_limit"] == 0
+    with vindex.Index.open(tmp_path / "idx", io_scheduler="fifo") as idx:
+        assert idx.stats()["io_scheduler"] == "fifo"

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import checkpoint, layout, oplog
 from .groupsync import GroupSync
+from .iosched import BackgroundPacer
 from .readers import Readers
 from .state import State
 from .storage import Change, IOClass, PostingStore
@@ -39,6 +40,7 @@ class Engine:
         self.limit = self.config.posting_limit(self.dim)
         store.continue_after(seq)
         self.group = GroupSync(lambda: self.store.sync(), lambda: self.seq)
+        self.pacer = BackgroundPacer(self.config.io_scheduler, self.config.interactive_p99_ms / 1000)
 
     def commit(self, change: Change, rec: oplog.Record, io: IOClass, *, graph_done: bool = False) -> None:
         """Write ``change`` with ``rec`` atomically, then apply ``rec``. Caller holds ``lock``."""

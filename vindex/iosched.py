@@ -296,3 +296,58 @@ class IOScheduler:
             r.future.set_exception(RuntimeError("I/O scheduler closed before the request ran"))
         for t in self._threads:
             t.join()
+
+
+class BackgroundPacer:
+    """Paces background rebalancing by its share of time, adapted to search latency.
+
+    For the RocksDB store the queue a search waits in is the GIL and the CPU as much as the
+    disk, so the budget is a duty cycle: background seconds per wall second, spent from a
+    token bucket after each background step (a step over budget puts the bucket in debt and
+    the worker sleeps, GIL released, until it is repaid). ``Aimd`` halves the duty cycle when
+    the p99 of small interactive searches in a window misses the target and raises it by a
+    step when it does not; with no searches it climbs back to 1 (background at full speed).
+    The caller does the pausing (``charge`` says how long), so it can wake early to stop.
+    ``mode="fifo"`` (no pacing) is for comparison."""
+
+    #: Searches of at most this many queries count as interactive latency samples.
+    SMALL_BATCH = 16
+
+    def __init__(self, mode: str, target_p99_s: float, *, clock: Callable[[], float] = time.monotonic,
+                 window: float = 0.25, floor: float = 0.05):
+        if mode not in ("sla", "fifo"):
+            raise ValueError(f"io_scheduler: expected 'sla' or 'fifo', got {mode!r}")
+        self.mode, self.clock = mode, clock
+        now = clock()
+        self.bucket = TokenBucket(rate=1.0, burst=0.05, now=now)
+        self.aimd = Aimd(self.bucket, target_p99_s, step=0.1, floor=floor, ceiling=1.0, window=window, now=now)
+        self._lock = threading.Lock()
+        self.paused_s = 0.0
+
+    def observe(self, seconds: float, n_queries: int) -> None:
+        """A search of ``n_queries`` took ``seconds``."""
+        if self.mode == "sla" and n_queries <= self.SMALL_BATCH:
+            with self._lock:
+                self.aimd.observe(seconds, self.clock())
+
+    def charge(self, seconds: float) -> float:
+        """The background worker spent ``seconds`` on a step; returns how long it should now
+        pause (GIL released) to keep to its share."""
+        if self.mode != "sla":
+            return 0.0
+        with self._lock:
+            now = self.clock()
+            self.aimd.tick(now)
+            b = self.bucket
+            # the step ran inside the wall time since the last charge: earn that time's share,
+            # spend the step, then cap (capping first would charge a full-speed worker too)
+            b.tokens = min(b.burst, b.tokens + (now - b.stamp) * b.rate - seconds)
+            b.stamp = now
+            debt = -b.tokens
+            wait = debt / self.bucket.rate if debt > 0 else 0.0
+            self.paused_s += wait
+            return wait
+
+    @property
+    def duty(self) -> float:
+        return self.bucket.rate

@@ -140,6 +140,7 @@ class Rebalancer:
                 self._pending.difference_update(batch)
                 scrub = not batch and self._scrub_credit > 0  # only when nothing more urgent waits
                 self._busy = True
+            started = time.perf_counter()
             try:
                 self._run_deferred()
                 if batch:
@@ -164,6 +165,10 @@ class Rebalancer:
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
+            pause = eng.pacer.charge(time.perf_counter() - started)
+            if pause > 0:  # searches are missing their latency target: yield the CPU and GIL
+                with self._cv:
+                    self._cv.wait_for(lambda: self._stop, timeout=pause)
 
     def _defer(self, drops: list[int], cuts: dict[int, np.ndarray]) -> None:
         with self._cv:
