@@ -32,7 +32,6 @@ import os
 import queue
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from . import report
+from . import measure, report
 
 SERVICE = "vindex.v1.VectorIndex"
 SENTINEL = "sentinel"
@@ -116,12 +115,7 @@ class ServerProc:
 
     def stop(self, timeout: float = 120.0) -> tuple[int, bool]:
         """SIGTERM; the exit code and whether it printed its ``stopped`` line."""
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
+        rc = measure.terminate(self.proc, timeout)
         rest = []
         while True:
             try:

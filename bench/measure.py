@@ -195,3 +195,14 @@ def rss_of_subprocess(code: str, peak: bool = False, timeout: float | None = Non
         raise RuntimeError(f"RSS child failed (exit {proc.returncode}); stderr tail:\n{tail}")
     _, rss, hwm = lines[-1].split()
     return int(hwm if peak else rss)
+
+
+def terminate(proc: subprocess.Popen, timeout: float = 120.0) -> int:
+    """SIGTERM ``proc`` (if still running), wait up to ``timeout`` s, then SIGKILL; its exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()

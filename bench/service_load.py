@@ -49,8 +49,7 @@ def start_server(data_dir: str) -> tuple[subprocess.Popen, str]:
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    proc.wait(timeout=120)
+    measure.terminate(proc)
 
 
 def copy_index(src: str, root: str) -> str:

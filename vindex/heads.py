@@ -84,6 +84,9 @@ class HeadGraph:
         self.radius = np.zeros(capacity, dtype=np.float32)
         self.n = 0  # high-water mark of pids
         self.n_alive = 0
+        # bumped whenever heads appear: a search that chose its heads before can miss copies
+        # written to the new ones (see ``search.search``)
+        self.generation = 0
 
     # writers (serialised) use these; searches take ``arrays_`` once
     @property
@@ -208,6 +211,7 @@ class HeadGraph:
             native.graph.insert_nodes(link, self.vectors, self.nbrs, entries, self.alpha2,
                                       visited, stamp0, bd, bi, bx, touched)
         self.alive[pids] = True
+        self.generation += 1
         self.n_alive = int(self.alive[: self.n].sum())
         self._refresh_entries(pids)
         connect(self.n, self.alive, self.entries, self.vectors, self.nbrs, touched)
@@ -246,6 +250,7 @@ class HeadGraph:
         if radius is not None:
             self.radius[pids] = radius
         self.alive[pids] = alive
+        self.generation += 1
         self.nbrs[rows] = row_values
         self.n = max(self.n, top)
         self.n_alive = int(self.alive[: self.n].sum())
@@ -305,6 +310,7 @@ class HeadGraph:
                     else np.zeros(n, dtype=np.float32))
         g.n = n
         g.n_alive = int(g.alive.sum())
+        g.generation = 0
         return g
 
 

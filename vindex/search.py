@@ -19,22 +19,44 @@ from .storage import IOClass, PostingStore, records
 READ_CHUNK = 2048
 
 
+#: Head selections a search makes before it accepts one that heads created meanwhile may
+#: have outdated.
+SELECT_ATTEMPTS = 3
+
+
 def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store: PostingStore,
            readers: Readers, metric: int, max_postings: int, eps: float, ef: int,
            io: IOClass = IOClass.INTERACTIVE) -> tuple[np.ndarray, np.ndarray, dict]:
     """Top-``k`` ``(ext ids (nq, k) int64, internal distances (nq, k) float32)``, padded, and
     work counters: postings read (once each per batch) and records scanned (summed over
-    queries: the distance computations)."""
+    queries: the distance computations).
+
+    Heads are chosen before postings are read. If heads appear in between (a split, or new
+    heads for an upsert far from every posting) and an upsert writes a vector's new copy there,
+    the chosen postings hold only its old, now stale copy and the search would miss it. So a
+    search whose read section sees a newer head generation than its choice starts over."""
+    for attempt in range(SELECT_ATTEMPTS):
+        out = _search_once(queries, k, graph, idmap, store, readers, metric, max_postings, eps, ef, io,
+                           last=attempt == SELECT_ATTEMPTS - 1)
+        if out is not None:
+            return out
+    raise AssertionError("unreachable: the last attempt always returns")
+
+
+def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings, eps, ef, io, *, last: bool):
     nq, dim = queries.shape
     heap_d = np.empty((nq, k), dtype=np.float32)
     heap_i = np.empty((nq, k), dtype=np.int64)
     sizes = np.zeros(nq, dtype=np.int32)
+    generation = graph.generation
     head_ids, _, counts = graph.search(queries, metric, max_postings, eps, ef)
     pids, q_ptr, q_idx = native.scan.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
     postings = scanned = 0
     for lo in range(0, pids.shape[0], READ_CHUNK):
         hi = min(lo + READ_CHUNK, pids.shape[0])
         with readers.reading():  # versions checked against the same state the read saw
+            if graph.generation != generation and not last:
+                return None
             batch = store.read(pids[lo:hi], io)
             # map arrays change only under the exclusive side of this section
             versions, vid2ext = idmap.versions, idmap.vid2ext
