@@ -331,6 +331,22 @@ def _free_slot(v, heads, nbrs, indeg):
 
 
 @nb.njit(**_q)
+def _nearest_with_room(u, cands, alive, seen, heads, nbrs, indeg):
+    """The reachable live head among ``cands`` (-1 entries skipped) nearest to ``u`` that can
+    take an edge, and the slot it would use; ``(-1, -1)`` if none can."""
+    best, best_d, best_slot = -1, np.inf, -1
+    for t in range(cands.shape[0]):
+        c = cands[t]
+        if c >= 0 and alive[c] and seen[c]:
+            d = l2sq(heads[u], heads[c])
+            if d < best_d:
+                s = _free_slot(c, heads, nbrs, indeg)
+                if s >= 0:
+                    best, best_d, best_slot = c, d, s
+    return best, best_slot
+
+
+@nb.njit(**_q)
 def connect(n, alive, entries, heads, nbrs, touched):
     """Give each live head that no path from the entry points reaches an in-edge from a
     nearby reachable head; returns the edges added.
@@ -359,23 +375,9 @@ def connect(n, alive, entries, heads, nbrs, touched):
     for u in range(n):
         if not alive[u] or seen[u]:
             continue
-        best, best_d, best_slot = -1, np.inf, -1
-        for t in range(R):
-            c = nbrs[u, t]
-            if c >= 0 and alive[c] and seen[c]:
-                d = l2sq(heads[u], heads[c])
-                if d < best_d:
-                    s = _free_slot(c, heads, nbrs, indeg)
-                    if s >= 0:
-                        best, best_d, best_slot = c, d, s
+        best, best_slot = _nearest_with_room(u, nbrs[u], alive, seen, heads, nbrs, indeg)
         if best < 0:
-            for c in range(n):
-                if alive[c] and seen[c]:
-                    d = l2sq(heads[u], heads[c])
-                    if d < best_d:
-                        s = _free_slot(c, heads, nbrs, indeg)
-                        if s >= 0:
-                            best, best_d, best_slot = c, d, s
+            best, best_slot = _nearest_with_room(u, np.arange(n), alive, seen, heads, nbrs, indeg)
         if best < 0:
             continue  # no reachable head can take an edge (or there are no entry points)
         old = nbrs[best, best_slot]

@@ -21,7 +21,6 @@ class GroupSync:
         self._durable = 0
         self._syncing = False
         self.syncs = 0
-        self.waits = 0
 
     @property
     def durable(self) -> int:
@@ -31,7 +30,6 @@ class GroupSync:
         """Return once log record ``seq`` is durable; raises the sync's error if the fsync that
         would cover it fails (the write is then not acknowledged)."""
         with self._cv:
-            self.waits += 1
             while self._durable < seq:
                 if not self._syncing:
                     self._syncing = True

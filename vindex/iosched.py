@@ -79,7 +79,6 @@ class Aimd:
         self.step, self.floor, self.ceiling, self.window = step, floor, ceiling, window
         self.samples: list[float] = []
         self.window_end = now + window
-        self.history: list[tuple[float, float, float]] = []  # (time, p99, new rate)
 
     def observe(self, latency_s: float, now: float) -> None:
         self.samples.append(latency_s)
@@ -95,7 +94,6 @@ class Aimd:
         rate = self.bucket.rate
         rate = rate / 2 if p99 > self.target else rate + self.step
         self.bucket.rate = min(self.ceiling, max(self.floor, rate))
-        self.history.append((now, p99, self.bucket.rate))
         self.samples.clear()
         self.window_end = now + self.window
 

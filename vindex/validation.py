@@ -132,8 +132,9 @@ def bounded_rows(x: np.ndarray, *, what: str) -> np.ndarray:
     """``x`` unchanged if every row's squared norm is at most ``MAX_SQUARED_NORM``."""
     with np.errstate(over="ignore"):
         sq = np.einsum("ij,ij->i", x, x)
-    if not (sq <= MAX_SQUARED_NORM).all():
-        rows = np.flatnonzero(~(sq <= MAX_SQUARED_NORM))
+    over = ~(sq <= MAX_SQUARED_NORM)  # inf and NaN sums count as over
+    if over.any():
+        rows = np.flatnonzero(over)
         raise NonFiniteError(
             f"{what}: rows {preview(rows)} have squared norms above {MAX_SQUARED_NORM:g}; distances "
             f"between such vectors overflow float32 (scale the vectors down)")
