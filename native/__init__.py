@@ -65,7 +65,7 @@ def warmup() -> None:
     recs_u = recs_f.view(np.uint32)
     versions = np.zeros(8, np.uint8)
     vid2ext = np.arange(8, dtype=np.int64)
-    live = scan.live_mask(recs_u, versions)
+    live = scan.live_ids(recs_u, versions, vid2ext)
     offsets = np.array([0, 4], dtype=np.int64)
     one_ptr = np.array([0, 2], dtype=np.int64)
     one_idx = np.array([0, 1], dtype=np.int32)
@@ -73,8 +73,7 @@ def warmup() -> None:
         hd = np.empty((2, 3), np.float32)
         hi = np.empty((2, 3), np.int64)
         sizes = np.zeros(2, np.int32)
-        scan.scan_grouped(recs_f, recs_u, live, offsets, one_ptr, one_idx, q, vid2ext, metric,
-                          hd, hi, sizes)
+        scan.scan_grouped(recs_f, live, offsets, one_ptr, one_idx, q, metric, hd, hi, sizes)
         scan.finish(hd, hi, sizes)
     labels = np.full(4, -1, np.int64)
     cents = np.zeros((2, d), np.float32)

@@ -24,14 +24,16 @@ RECORD_HEADER_WORDS = 2
 
 
 @nb.njit(**_q)
-def live_mask(recs_u, versions):
-    """Per-record liveness against the version map (computed once per batch, not per query)."""
+def live_ids(recs_u, versions, vid2ext):
+    """Per record, its external id if it is live against the version map, else -1. Computed
+    once per batch, in the same read section as the read: a writer retiring a vid rewrites
+    ``vid2ext`` in place, so the ids must be taken from the state the versions were."""
     n = recs_u.shape[0]
-    out = np.empty(n, dtype=np.bool_)
+    out = np.empty(n, dtype=np.int64)
     nv = versions.shape[0]
     for e in range(n):
         vid = recs_u[e, 0]
-        out[e] = vid < nv and versions[vid] == recs_u[e, 1]
+        out[e] = vid2ext[vid] if vid < nv and versions[vid] == recs_u[e, 1] else -1
     return out
 
 
@@ -79,10 +81,10 @@ def group_by_posting(sel, counts, slot):
 
 
 @nb.njit(**_q)
-def scan_grouped(recs_f, recs_u, live, post_off, q_ptr, q_idx, queries, vid2ext, metric,
-                 heap_d, heap_i, sizes):
+def scan_grouped(recs_f, ids, post_off, q_ptr, q_idx, queries, metric, heap_d, heap_i, sizes):
     """Scan each posting once for every query that wants it, posting-major so a posting stays
-    in cache while its queries run over it. Heaps ``heap_d/heap_i (nq, k)`` and ``sizes`` carry
+    in cache while its queries run over it. ``ids``: per record its external id, -1 when it
+    is not live (``live_ids``). Heaps ``heap_d/heap_i (nq, k)`` and ``sizes`` carry
     over between calls, so a batch can be scanned in pieces."""
     d = queries.shape[1]
     for p in range(post_off.shape[0] - 1):
@@ -96,7 +98,8 @@ def scan_grouped(recs_f, recs_u, live, post_off, q_ptr, q_idx, queries, vid2ext,
             size = sizes[qi]
             worst = hd[0] if size == hd.shape[0] else np.float32(np.inf)
             for e in range(e0, e1):
-                if not live[e]:
+                ext = ids[e]
+                if ext < 0:
                     continue
                 s = np.float32(0.0)
                 if metric == L2:
@@ -109,7 +112,6 @@ def scan_grouped(recs_f, recs_u, live, post_off, q_ptr, q_idx, queries, vid2ext,
                     s = -s
                 if s > worst:
                     continue
-                ext = vid2ext[recs_u[e, 0]]
                 if heap.accepts(hd, hi, size, s, ext) and not heap.contains(hi, size, ext):
                     size = heap.push(hd, hi, size, s, ext)
                     if size == hd.shape[0]:

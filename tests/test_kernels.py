@@ -206,7 +206,7 @@ def test_scan_filters_versions_and_dedupes_replicas():
     data = np.frombuffer(bytearray(recs.tobytes()), np.uint8)
     recs_f = np.frombuffer(data, np.float32).reshape(-1, dim + 2)
     recs_u = recs_f.view(np.uint32)
-    live = scan.live_mask(recs_u, versions)
+    live = scan.live_ids(recs_u, versions, vid2ext)
     queries = rng.integers(0, 5, (3, dim)).astype(np.float32)
     q_ptr = np.arange(0, 16, 3, dtype=np.int64)  # every posting wanted by all 3 queries
     q_idx = np.tile(np.arange(3, dtype=np.int32), 5)
@@ -214,7 +214,7 @@ def test_scan_filters_versions_and_dedupes_replicas():
     hd = np.empty((3, k), np.float32)
     hi = np.empty((3, k), np.int64)
     sizes = np.zeros(3, np.int32)
-    scan.scan_grouped(recs_f, recs_u, live, offsets, q_ptr, q_idx, queries, vid2ext, distances.L2, hd, hi, sizes)
+    scan.scan_grouped(recs_f, live, offsets, q_ptr, q_idx, queries, distances.L2, hd, hi, sizes)
     scan.finish(hd, hi, sizes)
     alive = [v for v in range(n_vids) if not versions[v] & 0x80]
     for qi in range(3):

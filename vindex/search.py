@@ -58,13 +58,12 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings,
             if graph.generation != generation and not last:
                 return None
             batch = store.read(pids[lo:hi], io)
-            # map arrays change only under the exclusive side of this section
-            versions, vid2ext = idmap.versions, idmap.vid2ext
+            # the map arrays change (in place, too) only under the exclusive side of this section
             recs_f, recs_u = records.view(batch.data, dim)
-            live = native.scan.live_mask(recs_u, versions)
+            ids = native.scan.live_ids(recs_u, idmap.versions, idmap.vid2ext)
         postings += hi - lo
         scanned += int(np.dot(np.diff(batch.offsets), np.diff(q_ptr[lo:hi + 1])))
-        native.scan.scan_grouped(recs_f, recs_u, live, batch.offsets, q_ptr[lo:hi + 1], q_idx, queries,
-                          vid2ext, metric, heap_d, heap_i, sizes)
+        native.scan.scan_grouped(recs_f, ids, batch.offsets, q_ptr[lo:hi + 1], q_idx, queries, metric,
+                                 heap_d, heap_i, sizes)
     native.scan.finish(heap_d, heap_i, sizes)
     return heap_i, heap_d, {"postings": postings, "records_scanned": scanned}
