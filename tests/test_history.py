@@ -160,6 +160,46 @@ def test_history_is_consistent_long(tmp_path):
         _run_and_check(tmp_path / str(seed), seconds=60.0, seed=seed)
 
 
+def _small_index(path):
+    base = np.random.default_rng(0).integers(0, 20, (300, 8)).astype(np.float32)
+    return vindex.Index.build(path, base, posting_limit_bytes=1024, rebalance=False), base
+
+
+@contextlib.contextmanager
+def _paused_search(index, query, *, before_reading: bool):
+    """Run an exhaustive search in a thread that pauses just before (or just after) its read
+    section; the body runs while it is paused. Yields a dict that holds the result after."""
+    readers = index._engine.readers
+    real_reading = readers.reading
+    paused, go = threading.Event(), threading.Event()
+
+    def pause() -> None:
+        if threading.current_thread().name == "paused-search":
+            paused.set()
+            go.wait(30)
+
+    @contextlib.contextmanager
+    def reading():
+        if before_reading:
+            pause()
+        with real_reading():
+            yield
+        if not before_reading:
+            pause()
+
+    readers.reading = reading
+    out: dict = {}
+    t = threading.Thread(name="paused-search", target=lambda: out.update(res=index.search(query, 300, **ALL)))
+    t.start()
+    try:
+        assert paused.wait(30)
+        yield out
+    finally:
+        go.set()
+        t.join()
+        readers.reading = real_reading
+
+
 def test_search_racing_an_upsert_into_new_heads(tmp_path):
     """Minimal deterministic form of what the history check finds. A search picks its heads,
     then (paused here, between picking heads and reading postings) an upsert replaces ids 0..19
@@ -170,34 +210,11 @@ def test_search_racing_an_upsert_into_new_heads(tmp_path):
     missing from an exhaustive search (a background split that makes new heads between the two
     steps, followed by an upsert of ids whose copies moved there, did the same). A search now
     starts over when its read section sees heads newer than its choice."""
-    rng = np.random.default_rng(0)
-    base = rng.integers(0, 20, (300, 8)).astype(np.float32)
-    index = vindex.Index.build(tmp_path / "r", base, posting_limit_bytes=1024, rebalance=False)
-    readers = index._engine.readers
-    real_reading = readers.reading
-    picked, go = threading.Event(), threading.Event()
-
-    @contextlib.contextmanager
-    def paused_reading():  # the search thread pauses after choosing its heads
-        if threading.current_thread().name == "paused-search":
-            picked.set()
-            go.wait(30)
-        with real_reading():
-            yield
-
-    readers.reading = paused_reading
-    out = {}
-    t = threading.Thread(name="paused-search", target=lambda: out.update(res=index.search(base[0], 300, **ALL)))
-    t.start()
-    try:
-        assert picked.wait(30)
+    index, base = _small_index(tmp_path / "r")
+    with _paused_search(index, base[0], before_reading=True) as out:
         heads = index.stats()["heads"]
         index.upsert(np.arange(20), base[:20] + 1000.0)
         assert index.stats()["heads"] > heads  # the upsert made heads for its far vectors
-    finally:
-        go.set()
-        t.join()
-        readers.reading = real_reading
     got = set(out["res"].ids[0].tolist())
     after = set(index.search(base[0], 300, **ALL).ids[0].tolist())
     index.close()
@@ -212,34 +229,11 @@ def test_search_racing_a_version_wrap(tmp_path):
     the live ``vid2ext`` array; an upsert whose version wrapped (the 128th rewrite of an id)
     retires the old vid and set ``vid2ext[vid] = -1`` in place, so a search that had just
     found the old vid live dropped the id. Ids are now translated inside the read section."""
-    rng = np.random.default_rng(0)
-    base = rng.integers(0, 20, (300, 8)).astype(np.float32)
-    index = vindex.Index.build(tmp_path / "w", base, posting_limit_bytes=1024, rebalance=False)
+    index, base = _small_index(tmp_path / "w")
     for _ in range(127):  # id 7 reaches version 127: its next upsert wraps
         index.upsert([7], base[7:8])
-    readers = index._engine.readers
-    real_reading = readers.reading
-    read, go = threading.Event(), threading.Event()
-
-    @contextlib.contextmanager
-    def pause_after_reading():  # the search thread pauses between its read section and its scan
-        with real_reading():
-            yield
-        if threading.current_thread().name == "paused-search":
-            read.set()
-            go.wait(30)
-
-    readers.reading = pause_after_reading
-    out = {}
-    t = threading.Thread(name="paused-search", target=lambda: out.update(res=index.search(base[0], 300, **ALL)))
-    t.start()
-    try:
-        assert read.wait(30)
+    with _paused_search(index, base[0], before_reading=False) as out:
         index.upsert([7], base[7:8])  # wraps: id 7 moves to a new vid, the old one retires
-    finally:
-        go.set()
-        t.join()
-        readers.reading = real_reading
     index.close()
     got = out["res"].ids[0].tolist()
     assert sorted(got) == list(range(300)), f"missing {sorted(set(range(300)) - set(got))}"
