@@ -29,23 +29,25 @@ class SearchBatcher:
     def __init__(self, pool: Executor, max_running: int):
         self._pool = pool
         self._max_running = max(1, max_running)
-        self._queues: dict[Hashable, list[tuple[np.ndarray, asyncio.Future]]] = {}
+        self._queues: dict[Hashable, list[tuple[np.ndarray, asyncio.Future, float | None]]] = {}
         self._running: dict[Hashable, int] = {}
 
-    async def search(self, key: Hashable, run: Callable[[np.ndarray], SearchResult], queries: np.ndarray
-                     ) -> SearchResult:
-        """Run ``run(queries)``, possibly as part of a larger call for the same ``key``.
+    async def search(self, key: Hashable, run: Callable[[np.ndarray, float | None], SearchResult],
+                     queries: np.ndarray, deadline: float | None = None) -> SearchResult:
+        """Run ``run(queries, deadline)``, possibly as part of a larger call for the same ``key``.
 
         ``run`` must give each query row the result it would get alone (``Index.search`` does),
-        and ``queries`` must already be valid: one bad row would fail the whole batch."""
+        and ``queries`` must already be valid: one bad row would fail the whole batch.
+        ``deadline`` (``time.monotonic()``, None for none): a batch runs with the latest
+        deadline among its requests, so none loses reads it still had time for."""
         fut = asyncio.get_running_loop().create_future()
-        self._queues.setdefault(key, []).append((queries, fut))
+        self._queues.setdefault(key, []).append((queries, fut, deadline))
         if self._running.get(key, 0) < self._max_running:
             self._running[key] = self._running.get(key, 0) + 1
             asyncio.ensure_future(self._drain(key, run))
         return await fut
 
-    async def _drain(self, key: Hashable, run: Callable[[np.ndarray], SearchResult]) -> None:
+    async def _drain(self, key: Hashable, run: Callable[[np.ndarray, float | None], SearchResult]) -> None:
         loop = asyncio.get_running_loop()
         try:
             while self._queues.get(key):
@@ -55,18 +57,21 @@ class SearchBatcher:
                     rows += queue[take][0].shape[0]
                     take += 1
                 batch, self._queues[key] = queue[:take], queue[take:]
-                batch = [(q, f) for q, f in batch if not f.done()]  # cancelled (deadline) meanwhile
+                batch = [b for b in batch if not b[1].done()]  # cancelled (deadline) meanwhile
                 if not batch:
                     continue
+                deadlines = [d for _, _, d in batch]
+                deadline = None if None in deadlines else max(deadlines)
                 try:
-                    res = await loop.run_in_executor(self._pool, run, np.concatenate([q for q, _ in batch]))
+                    res = await loop.run_in_executor(self._pool, run, np.concatenate([q for q, _, _ in batch]),
+                                                     deadline)
                 except BaseException as e:  # noqa: BLE001 - every waiter gets the failure
-                    for _, f in batch:
+                    for _, f, _ in batch:
                         if not f.done():
                             f.set_exception(e)
                     continue
                 lo = 0
-                for q, f in batch:
+                for q, f, _ in batch:
                     hi = lo + q.shape[0]
                     if not f.done():
                         f.set_result(SearchResult(res.ids[lo:hi], res.distances[lo:hi], res.stats))

@@ -76,9 +76,12 @@ class Collection:
 
     # --- search ---------------------------------------------------------------------------
     def search(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
-               eps: float | None = None, ef: int | None = None) -> SearchResult:
-        """The ``k`` nearest stored vectors of each query; see :meth:`vindex.Index.search`."""
+               eps: float | None = None, ef: int | None = None, timeout: float | None = None) -> SearchResult:
+        """The ``k`` nearest stored vectors of each query; see :meth:`vindex.Index.search`.
+        ``timeout`` is the call's gRPC deadline (default: the client's); reads the server
+        still has queued just before it are dropped and the result is ``partial``."""
         k = validation.k(k)
+        timeout = None if timeout is None else validation.seconds(timeout, "timeout")
         q = self._rows(queries, "queries")
         req = pb.SearchRequest(collection=self.name, queries=q.tobytes(), dim=q.shape[1], k=k,
                                max_postings=0 if max_postings is None else validation.positive_int(
@@ -86,10 +89,11 @@ class Collection:
                                ef=0 if ef is None else validation.positive_int(ef, "ef", upper=65536))
         if eps is not None:
             req.eps = _eps(eps)
-        res = self._stub_call("Search", req)
+        res = self._stub_call("Search", req, timeout)
         ids = np.array(res.ids, dtype=np.int64).reshape(res.nq, res.k)
         dists = np.array(res.distances, dtype=np.float32).reshape(res.nq, res.k)
-        return SearchResult(ids, dists, {"postings": res.postings, "records_scanned": res.records_scanned})
+        return SearchResult(ids, dists, {"postings": res.postings, "records_scanned": res.records_scanned,
+                                         "postings_dropped": res.postings_dropped})
 
     # --- updates --------------------------------------------------------------------------
     def _request(self, ids: Any, vectors: Any, add_only: bool) -> pb.UpsertRequest:

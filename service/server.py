@@ -39,6 +39,8 @@ log = logging.getLogger("vindex.service")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["VectorIndex"].full_name
 MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_ID = np.iinfo(np.int64).max
+#: Seconds before a search's gRPC deadline at which its still-queued reads are dropped.
+DEADLINE_MARGIN_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -307,15 +309,23 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         if request.HasField("eps"):
             params["eps"] = float(request.eps)
 
-        def search(q: np.ndarray) -> vindex.SearchResult:
+        tenant = self.tenant_of(context)
+        remaining = context.time_remaining()
+        # reads still queued when the call's deadline is near are dropped (a partial result
+        # beats DEADLINE_EXCEEDED); the margin leaves time to answer
+        deadline = None if remaining is None else time.monotonic() + max(remaining - DEADLINE_MARGIN_S, 1e-3)
+
+        def search(q: np.ndarray, deadline: float | None = deadline) -> vindex.SearchResult:
+            timeout = None if deadline is None else max(deadline - time.monotonic(), 1e-6)
             with self.collections.use(name) as index:
-                return index.search(q, k, **params)
+                return index.search(q, k, timeout=timeout, tenant=tenant, **params)
 
         def respond(res: vindex.SearchResult) -> pb.SearchResponse:
             return pb.SearchResponse(nq=res.ids.shape[0], k=k, ids=res.ids.ravel().tolist(),
                                      distances=res.distances.ravel().tolist(),
                                      postings=res.stats.get("postings", 0),
-                                     records_scanned=res.stats.get("records_scanned", 0))
+                                     records_scanned=res.stats.get("records_scanned", 0),
+                                     partial=res.partial, postings_dropped=res.stats.get("postings_dropped", 0))
 
         def checked() -> np.ndarray:
             if not 1 <= k <= self.limits.max_k:
@@ -335,10 +345,14 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
             q = checked()  # small: cheap enough for the event loop
             if q.shape[0] == 0:  # (a small request has at most MAX_COALESCED_QUERIES rows)
                 return respond(await asyncio.get_running_loop().run_in_executor(self.pool, search, q))
-            key = (name, k, tuple(sorted(params.items())))
-            return respond(await self.batcher.search(key, search, q))
+            key = (name, k, tenant, tuple(sorted(params.items())))
+            return respond(await self.batcher.search(key, search, q, deadline))
 
         return await self._call(context, None, coroutine=coalesced)
+
+    def tenant_of(self, context: grpc.aio.ServicerContext) -> str:
+        """The tenant a call's storage requests are charged to."""
+        return "default"
 
     # maintenance
     async def Stats(self, request, context):

@@ -143,20 +143,24 @@ class SearchRequest(_message.Message):
     def __init__(self, collection: _Optional[str] = ..., queries: _Optional[bytes] = ..., dim: _Optional[int] = ..., k: _Optional[int] = ..., max_postings: _Optional[int] = ..., eps: _Optional[float] = ..., ef: _Optional[int] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
-    __slots__ = ("nq", "k", "ids", "distances", "postings", "records_scanned")
+    __slots__ = ("nq", "k", "ids", "distances", "postings", "records_scanned", "partial", "postings_dropped")
     NQ_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     DISTANCES_FIELD_NUMBER: _ClassVar[int]
     POSTINGS_FIELD_NUMBER: _ClassVar[int]
     RECORDS_SCANNED_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    POSTINGS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     nq: int
     k: int
     ids: _containers.RepeatedScalarFieldContainer[int]
     distances: _containers.RepeatedScalarFieldContainer[float]
     postings: int
     records_scanned: int
-    def __init__(self, nq: _Optional[int] = ..., k: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., distances: _Optional[_Iterable[float]] = ..., postings: _Optional[int] = ..., records_scanned: _Optional[int] = ...) -> None: ...
+    partial: bool
+    postings_dropped: int
+    def __init__(self, nq: _Optional[int] = ..., k: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., distances: _Optional[_Iterable[float]] = ..., postings: _Optional[int] = ..., records_scanned: _Optional[int] = ..., partial: _Optional[bool] = ..., postings_dropped: _Optional[int] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ("collection",)

@@ -37,12 +37,19 @@ class SearchResult:
     ``ids`` is ``(nq, k) int64`` padded with -1; ``distances`` is ``(nq, k) float32`` padded with
     +inf: squared L2 for ``l2``, ``1 - cos`` for ``cosine``, ``-<q, x>`` for ``ip``.
     Unpacks as ``ids, distances = result``. ``stats`` counts the work done: postings read
-    (each once per batch) and records scanned (summed over queries).
+    (each once per batch), records scanned (summed over queries) and postings dropped
+    (reads still queued when the search's ``timeout`` ran out).
     """
 
     ids: np.ndarray
     distances: np.ndarray
     stats: dict = field(default_factory=dict)
+
+    @property
+    def partial(self) -> bool:
+        """True when the search's ``timeout`` dropped some of its reads: the results cover
+        only the postings read in time."""
+        return self.stats.get("postings_dropped", 0) > 0
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return iter((self.ids, self.distances))
@@ -135,7 +142,7 @@ class Index:
         try:
             manifest = layout.Manifest(dim, metric, cfg)
             store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(dim),
-                               cache_bytes=cfg.cache_bytes, create=True)
+                               cache_bytes=cfg.cache_bytes, create=True, io_scheduler=cfg.io_scheduler)
             idmap = IdMap(capacity=max(16, x.shape[0]))
             stats: dict = {}
             if x.shape[0]:
@@ -177,7 +184,7 @@ class Index:
         manifest = layout.read(path, runtime)
         cfg = manifest.config
         store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(manifest.dim),
-                           cache_bytes=cfg.cache_bytes, create=False)
+                           cache_bytes=cfg.cache_bytes, create=False, io_scheduler=cfg.io_scheduler)
         try:
             seq = checkpoint.latest(path)
             if seq is None:
@@ -226,24 +233,30 @@ class Index:
 
     # --- search -------------------------------------------------------------------------------
     def search(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
-               eps: float | None = None, ef: int | None = None) -> SearchResult:
+               eps: float | None = None, ef: int | None = None, timeout: float | None = None,
+               tenant: str = "default") -> SearchResult:
         """The ``k`` nearest stored vectors of each query.
 
         ``queries`` is ``(nq, dim)`` or one ``(dim,)`` query; results are always 2-D.
         ``max_postings`` bounds the postings a query visits, ``eps`` prunes postings whose head
         is farther than ``(1 + eps)`` times the nearest head, and ``ef`` is the head-graph beam
-        width; each defaults to the index config.
+        width; each defaults to the index config. Posting reads still queued ``timeout``
+        seconds after the call are dropped and the result is ``partial``. ``tenant`` names
+        whose I/O quota the reads count against.
         """
         q, k, m, e, beam = self._search_args(queries, k, max_postings, eps, ef)
+        timeout = None if timeout is None else validation.seconds(timeout, "timeout")
         if q.shape[0] == 0:
             return SearchResult(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32),
-                                {"postings": 0, "records_scanned": 0})
+                                {"postings": 0, "records_scanned": 0, "postings_dropped": 0})
         eng = self._engine
         started = time.perf_counter()
+        deadline = None if timeout is None else time.monotonic() + timeout
         with eng.readers.search():  # postings this search may still read stay in the store
             ids, dists, work = run_search(q, k, graph=eng.state.graph, idmap=eng.state.idmap,
                                           store=eng.store, readers=eng.readers, metric=self._metric_code,
-                                          max_postings=m, eps=e, ef=max(beam, m))
+                                          max_postings=m, eps=e, ef=max(beam, m), deadline=deadline,
+                                          tenant=str(tenant))
         if self.metric == "cosine":
             dists = dists * np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors
         eng.pacer.observe(time.perf_counter() - started, q.shape[0])
@@ -350,22 +363,22 @@ class Index:
         if eng.checkpoint_due():
             self._rebalancer.poke()
 
-    def get(self, ids: Any) -> tuple[np.ndarray, np.ndarray]:
+    def get(self, ids: Any, *, tenant: str = "default") -> tuple[np.ndarray, np.ndarray]:
         """Stored vectors of ``ids``: ``(vectors (n, dim) float32, found (n,) bool)``; rows of
         ids not found are zero. Cosine indexes store (and return) unit vectors."""
         self._check_open()
         exts = validation.ids(ids)
         for _ in range(GET_RETRIES):
-            out = self._get(exts)
+            out = self._get(exts, str(tenant))
             if out is not None:
                 return out
         with self._engine.lock:  # the copies moved under us each time: read with writers held off
-            out = self._get(exts)
+            out = self._get(exts, str(tenant))
         if out is None:
             raise CorruptionError("a live vector is missing from its home posting")
         return out
 
-    def _get(self, exts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def _get(self, exts: np.ndarray, tenant: str) -> tuple[np.ndarray, np.ndarray] | None:
         eng = self._engine
         idm = eng.state.idmap
         with eng.readers.search(), eng.readers.reading():
@@ -377,7 +390,7 @@ class Index:
             want = vids[found]
             want_versions = idm.versions[want]
             homes = np.unique(idm.home[want]).astype(np.int64)
-            batch = eng.store.read(homes, IOClass.INTERACTIVE)
+            batch = eng.store.read(homes, IOClass.INTERACTIVE, tenant=tenant)
             recs_f, recs_u = records.view(batch.data, self.dim)
         order = np.argsort(want)
         pos = np.searchsorted(want[order], recs_u[:, 0])

@@ -12,6 +12,7 @@ import native
 
 from .heads import HeadGraph, scratch
 from .idmap import IdMap
+from .iosched import DeadlineExpired
 from .readers import Readers
 from .storage import IOClass, PostingStore, records
 
@@ -26,10 +27,13 @@ SELECT_ATTEMPTS = 3
 
 def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store: PostingStore,
            readers: Readers, metric: int, max_postings: int, eps: float, ef: int,
-           io: IOClass = IOClass.INTERACTIVE) -> tuple[np.ndarray, np.ndarray, dict]:
+           io: IOClass = IOClass.INTERACTIVE, deadline: float | None = None, tenant: str = "default"
+           ) -> tuple[np.ndarray, np.ndarray, dict]:
     """Top-``k`` ``(ext ids (nq, k) int64, internal distances (nq, k) float32)``, padded, and
-    work counters: postings read (once each per batch) and records scanned (summed over
-    queries: the distance computations).
+    work counters: postings read (once each per batch), records scanned (summed over
+    queries: the distance computations) and postings dropped (reads the I/O scheduler dropped
+    because they were still queued at ``deadline``, a ``time.monotonic()`` time; the result
+    then covers only the postings read).
 
     Heads are chosen before postings are read. If heads appear in between (a split, or new
     heads for an upsert far from every posting) and an upsert writes a vector's new copy there,
@@ -37,13 +41,14 @@ def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store
     search whose read section sees a newer head generation than its choice starts over."""
     for attempt in range(SELECT_ATTEMPTS):
         out = _search_once(queries, k, graph, idmap, store, readers, metric, max_postings, eps, ef, io,
-                           last=attempt == SELECT_ATTEMPTS - 1)
+                           deadline, tenant, last=attempt == SELECT_ATTEMPTS - 1)
         if out is not None:
             return out
     raise AssertionError("unreachable: the last attempt always returns")
 
 
-def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings, eps, ef, io, *, last: bool):
+def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings, eps, ef, io, deadline, tenant,
+                 *, last: bool):
     nq, dim = queries.shape
     heap_d = np.empty((nq, k), dtype=np.float32)
     heap_i = np.empty((nq, k), dtype=np.int64)
@@ -51,13 +56,17 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings,
     generation = graph.generation
     head_ids, _, counts = graph.search(queries, metric, max_postings, eps, ef)
     pids, q_ptr, q_idx = native.scan.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
-    postings = scanned = 0
+    postings = scanned = dropped = 0
     for lo in range(0, pids.shape[0], READ_CHUNK):
         hi = min(lo + READ_CHUNK, pids.shape[0])
         with readers.reading():  # versions checked against the same state the read saw
             if graph.generation != generation and not last:
                 return None
-            batch = store.read(pids[lo:hi], io)
+            try:
+                batch = store.read(pids[lo:hi], io, deadline=deadline, tenant=tenant)
+            except DeadlineExpired:
+                dropped += hi - lo
+                continue
             # the map arrays change (in place, too) only under the exclusive side of this section
             recs_f, recs_u = records.view(batch.data, dim)
             ids = native.scan.live_ids(recs_u, idmap.versions, idmap.vid2ext)
@@ -66,4 +75,4 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings,
         native.scan.scan_grouped(recs_f, ids, batch.offsets, q_ptr[lo:hi + 1], q_idx, queries, metric,
                                  heap_d, heap_i, sizes)
     native.scan.finish(heap_d, heap_i, sizes)
-    return heap_i, heap_d, {"postings": postings, "records_scanned": scanned}
+    return heap_i, heap_d, {"postings": postings, "records_scanned": scanned, "postings_dropped": dropped}

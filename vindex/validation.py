@@ -160,3 +160,10 @@ def unit_rows(x: np.ndarray, *, what: str) -> np.ndarray:
         out[odd] = (wide / wide_norms[:, None]).astype(np.float32)
         return out
     return x / norms[:, None]
+
+
+def seconds(value: Any, what: str) -> float:
+    """A positive number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value > 0:
+        raise InvalidInputError(f"{what}: expected a positive number of seconds, got {value!r}")
+    return float(value)

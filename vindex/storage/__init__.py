@@ -13,10 +13,18 @@ from .memory import MemoryStore
 __all__ = ["Change", "IOClass", "PostingBatch", "PostingStore", "MemoryStore", "open_store"]
 
 
-def open_store(kind: str, path: str, *, record_size: int, cache_bytes: int, create: bool) -> PostingStore:
-    """Open (or create) the store of an index directory."""
+def open_store(kind: str, path: str, *, record_size: int, cache_bytes: int, create: bool,
+               io_scheduler: str = "sla") -> PostingStore:
+    """Open (or create) the store of an index directory. ``io_scheduler``: ``sla`` (a queue
+    and workers per I/O class) or ``fifo`` (one shared queue)."""
     if kind == "memory":
         return MemoryStore(record_size)
+    if kind == "blocks":
+        from .blocks import BlockStore
+
+        return BlockStore(path, record_size=record_size, cache_bytes=cache_bytes, create=create,
+                          io_scheduler=io_scheduler)
     from .rocks import RocksStore  # rocksdict loads a large shared library; only when used
 
-    return RocksStore(path, record_size=record_size, cache_bytes=cache_bytes, create=create)
+    return RocksStore(path, record_size=record_size, cache_bytes=cache_bytes, create=create,
+                      io_scheduler=io_scheduler)

@@ -57,8 +57,12 @@ class PostingStore(Protocol):
 
     record_size: int
 
-    def read(self, pids: np.ndarray, io: IOClass) -> PostingBatch:
-        """Read postings ``pids`` (any order, no duplicates) in one call."""
+    def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,
+             tenant: str = "default") -> PostingBatch:
+        """Read postings ``pids`` (any order, no duplicates) in one call, queued by class
+        ``io`` for ``tenant``. A request still queued at ``deadline`` (``time.monotonic()``
+        seconds) is dropped: ``iosched.DeadlineExpired``. The bytes land in a buffer of the
+        calling thread."""
 
     def commit(self, change: Change, io: IOClass) -> int:
         """Apply ``change`` atomically; returns the log sequence number (0 if no log)."""

@@ -22,7 +22,8 @@ class MemoryStore:
         self._lock = threading.Lock()
         self.reads = 0
 
-    def read(self, pids: np.ndarray, io: IOClass) -> PostingBatch:
+    def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,
+             tenant: str = "default") -> PostingBatch:
         parts: list[bytes] = []
         offsets = np.zeros(len(pids) + 1, dtype=np.int64)
         with self._lock:

@@ -14,6 +14,10 @@ Layout, one RocksDB directory with column families:
 Writes go through RocksDB's WAL without a sync (they survive a process crash); ``sync()``
 flushes the WAL with fsync. RocksDB checksums every WAL record and SST block; a failed check
 surfaces as ``CorruptionError``, an I/O failure (disk full) as ``StorageError``.
+
+Reads go through an ``IOScheduler``: under ``sla`` each class has its own multi-get slots, so
+a search never waits for a rebalancing read to finish; the caller copies the values into its
+own buffer. Compaction is rate-limited and runs in RocksDB's low-priority pool.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, Options, Rdi
                        WriteOptions)
 
 from ..errors import CorruptionError, IndexLockedError, StorageError
+from ..iosched import IOScheduler
 from .base import Change, IOClass, PostingBatch, ReadBuffers
 from .directory import Lengths
 
@@ -81,7 +86,8 @@ def _options(cache: Cache, create: bool) -> tuple[Options, dict[str, Options]]:
 class RocksStore:
     """Posting store on RocksDB."""
 
-    def __init__(self, path: str, *, record_size: int, cache_bytes: int, create: bool):
+    def __init__(self, path: str, *, record_size: int, cache_bytes: int, create: bool,
+                 io_scheduler: str = "sla"):
         self.record_size = record_size
         self.path = path
         self._cache = Cache(max(cache_bytes, 1 << 20))
@@ -103,6 +109,7 @@ class RocksStore:
         self._load_directory()
         self._seq = self._last_seq()
         self._buffers = ReadBuffers()
+        self._io = IOScheduler(io_scheduler)
         self.reads = 0
         self.read_bytes = 0
 
@@ -122,7 +129,8 @@ class RocksStore:
         return 0
 
     # --- reads --------------------------------------------------------------------------------
-    def read(self, pids: np.ndarray, io: IOClass) -> PostingBatch:
+    def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,
+             tenant: str = "default") -> PostingBatch:
         pids = np.asarray(pids, dtype=np.int64)
         chunks_arr = self._chunks.array()
         if pids.size and int(pids.max()) >= chunks_arr.shape[0]:  # heads never written to
@@ -140,12 +148,15 @@ class RocksStore:
                 keys.append(pack(pid, 0))
             else:
                 keys.extend(pack(pid, j) for j in range(c))
-        with _errors(self.path, "reading postings"):
-            values = self._cf["postings"].get(keys) if keys else []
+        values = self._io.run(io, lambda: self._multi_get(keys), tenant=tenant, deadline=deadline) if keys else []
         data, offsets = self._gather(values, counts)
         self.reads += len(counts)
         self.read_bytes += data.shape[0]
         return PostingBatch(data, offsets)
+
+    def _multi_get(self, keys: list[bytes]) -> list:
+        with _errors(self.path, "reading postings"):
+            return self._cf["postings"].get(keys)
 
     def _gather(self, values: list, counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Concatenate chunk values; returns the bytes and per-posting record offsets.
@@ -279,9 +290,11 @@ class RocksStore:
             "read_bytes": self.read_bytes,
             "block_cache_usage": self._cache.get_usage(),
             "sst_bytes": int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0),
+            "io": self._io.stats(),
         }
 
     def close(self) -> None:
+        self._io.close()
         self._db.flush_wal(True)
         # Column-family handles keep the database alive; drop them before closing it so the
         # LOCK file is released and the index can be reopened in this process.
