@@ -5,6 +5,7 @@ use events, never sleeps, to decide what may have run."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -13,6 +14,13 @@ from vindex.iosched import (Aimd, DeadlineExpired, IOScheduler, Queues, Request,
 from vindex.storage import IOClass
 
 I, U, B = IOClass.INTERACTIVE, IOClass.UPDATE, IOClass.BACKGROUND
+
+
+def _wait(cond, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.001)
 
 
 def _req(io, deadline=float("inf"), seq=0, tenant="t", cost=1.0):
@@ -232,3 +240,83 @@ def test_pacing_is_a_runtime_setting_and_background_still_drains(tmp_path):
         assert s["io_scheduler"] == "sla" and s["postings_over_limit"] == 0
     with vindex.Index.open(tmp_path / "idx", io_scheduler="fifo") as idx:
         assert idx.stats()["io_scheduler"] == "fifo"
+
+
+def test_writes_are_paced_while_searches_miss_their_target(tmp_path):
+    import numpy as np
+
+    import vindex
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2000, 16)).astype(np.float32)
+    for mode in ("sla", "fifo"):
+        with vindex.Index.build(tmp_path / mode, x, io_scheduler=mode, rebalance=False,
+                                interactive_p99_ms=0.001) as idx:  # a target no search meets
+            end = time.monotonic() + 1.0  # a few 0.25 s pacing windows
+            i = 0
+            while time.monotonic() < end:
+                idx.search(x[:1], 5)
+                idx.upsert([i % 2000], x[i % 2000:i % 2000 + 1])
+                i += 1
+            duty = idx.stats()["update_duty"]
+            end, j = time.monotonic() + 1.0, 0
+            while time.monotonic() < end:  # writes back to back: over their share, so they pause
+                lo = 50 * (j % 40)
+                idx.upsert(np.arange(lo, lo + 50), x[lo:lo + 50])
+                j += 1
+            s = idx.stats()
+            s["update_duty"] = duty
+            if mode == "sla":  # the write share halved towards its floor, and writers paused
+                assert s["update_duty"] < 1.0 and s["update_paused_s"] > 0
+            else:
+                assert s["update_duty"] == 1.0 and s["update_paused_s"] == 0
+
+
+def test_a_search_whose_reads_miss_its_timeout_is_partial(tmp_path):
+    """Both interactive slots busy: the search's read waits in the queue past its deadline,
+    is dropped when a slot frees, and the search says its result is partial."""
+    import numpy as np
+
+    import vindex
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((500, 8)).astype(np.float32)
+    with vindex.Index.build(tmp_path / "p", x, rebalance=False) as idx:
+        full = idx.search(x[0], 5)
+        assert not full.partial and full.stats["postings_dropped"] == 0
+        sched = idx._engine.store._io
+        release = threading.Event()
+        blockers = [sched.submit(I, lambda: release.wait(30)) for _ in range(2)]
+        _wait(lambda: sched._busy[I] == 2)
+        out = {}
+        t = threading.Thread(target=lambda: out.update(res=idx.search(x[0], 5, timeout=0.01)))
+        t.start()
+        _wait(lambda: sched.queues.depth(I) == 1)  # the search's read is queued
+        deadline_passed = time.monotonic() + 0.02
+        _wait(lambda: time.monotonic() > deadline_passed)
+        release.set()
+        t.join(30)
+        for b in blockers:
+            b.result(30)
+        res = out["res"]
+        assert res.partial and res.stats["postings_dropped"] > 0 and res.stats["postings"] == 0
+        assert (res.ids == -1).all()
+        assert sched.stats()["dropped"]["interactive"] == 1
+        assert idx.search(x[0], 5, timeout=30).ids.tolist() == full.ids.tolist()
+        with pytest.raises(vindex.errors.InvalidInputError):
+            idx.search(x[0], 5, timeout=0)
+
+
+def test_wait_for_searches_returns_when_the_last_search_ends():
+    from vindex.readers import Readers
+
+    r = Readers()
+    assert r.wait_for_searches(0.0)
+    t = r.begin()
+    assert not r.wait_for_searches(0.0)
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (r.wait_for_searches(30), done.set()))
+    waiter.start()
+    r.end(t)
+    waiter.join(30)
+    assert done.is_set()

@@ -20,6 +20,10 @@ def _ops(rec: oplog.Record) -> int:
     return sum(int(a[k].shape[0]) for k in ("u_vids", "d_vids", "r_vids", "m_vids") if k in a) or 1
 
 
+#: The smallest share of wall time foreground writes get under ``io_scheduler="sla"``.
+UPDATE_DUTY_FLOOR = 0.5
+
+
 class Engine:
     """Everything an index is made of, and the lock that serialises its writers."""
 
@@ -40,11 +44,17 @@ class Engine:
         self.limit = self.config.posting_limit(self.dim)
         store.continue_after(seq)
         self.group = GroupSync(lambda: self.store.sync(), lambda: self.seq)
-        self.pacer = BackgroundPacer(self.config.io_scheduler, self.config.interactive_p99_ms / 1000)
+        target = self.config.interactive_p99_ms / 1000
+        self.pacer = BackgroundPacer(self.config.io_scheduler, target)
+        # Foreground writes are paced too, but never below half of the time: an ingest still
+        # progresses while searches miss their target.
+        self.update_pacer = BackgroundPacer(self.config.io_scheduler, target, floor=UPDATE_DUTY_FLOOR)
 
     def commit(self, change: Change, rec: oplog.Record, io: IOClass, *, graph_done: bool = False) -> None:
         """Write ``change`` with ``rec`` atomically, then apply ``rec``. Caller holds ``lock``."""
         change.log = oplog.encode(rec)
+        if self.config.io_scheduler == "sla":
+            self.readers.wait_for_searches(self.config.interactive_p99_ms / 1000)
         self.seq = self.store.commit(change, io)
         with self.readers.exclusive():  # no search is between reading postings and checking versions
             self.state.apply(rec, graph_done=graph_done)

@@ -259,7 +259,9 @@ class Index:
                                           tenant=str(tenant))
         if self.metric == "cosine":
             dists = dists * np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors
-        eng.pacer.observe(time.perf_counter() - started, q.shape[0])
+        took = time.perf_counter() - started
+        eng.pacer.observe(took, q.shape[0])
+        eng.update_pacer.observe(took, q.shape[0])
         return SearchResult(ids, dists, work)
 
     def check_queries(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
@@ -303,6 +305,7 @@ class Index:
         if exts.size == 0:
             return
         eng = self._engine
+        started = time.perf_counter()
         with eng.lock:
             self._check_open()
             if not replace:
@@ -324,6 +327,7 @@ class Index:
             self._after_write(written, old_homes)
             self._rebalancer.earn_scrub(int(exts.size))
         eng.acknowledge(seq)
+        self._pace_writes(started)
 
     def delete(self, ids: Any) -> int:
         """Delete ``ids``; returns how many were live. Unknown or already deleted ids are
@@ -331,6 +335,7 @@ class Index:
         self._check_open()
         exts = validation.ids(ids)
         eng = self._engine
+        started = time.perf_counter()
         with eng.lock:
             self._check_open()
             rec = writes.plan_delete(eng.state, exts)
@@ -341,7 +346,16 @@ class Index:
             seq = eng.seq
             self._after_write(np.zeros(0, np.int64), old_homes)
         eng.acknowledge(seq)
+        self._pace_writes(started)
         return int(rec.arrays["d_vids"].shape[0])
+
+    def _pace_writes(self, started: float) -> None:
+        """Under ``io_scheduler="sla"``, foreground writes get a share of wall time that
+        shrinks (to half at least) while small searches miss their p99 target: the writer
+        pauses here, GIL released, once it has used its share."""
+        pause = self._engine.update_pacer.charge(time.perf_counter() - started)
+        if pause > 0:
+            time.sleep(pause)
 
     def _homes_of(self, exts: np.ndarray) -> np.ndarray:
         vids = self._engine.state.idmap.live_vids(exts)
@@ -447,6 +461,8 @@ class Index:
             "io_scheduler": self.config.io_scheduler,
             "background_duty": eng.pacer.duty,
             "background_paused_s": eng.pacer.paused_s,
+            "update_duty": eng.update_pacer.duty,
+            "update_paused_s": eng.update_pacer.paused_s,
             "fsyncs": eng.group.syncs,
             "memory_bytes": self._memory_bytes(),
             "build": dict(eng.build_stats),

@@ -41,6 +41,17 @@ class Readers:
     def end(self, ticket: int) -> None:
         with self._lock:
             self._active.pop(ticket, None)
+            if not self._active:
+                self._cv.notify_all()
+
+    def wait_for_searches(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until no search is running; True if none is.
+
+        Writes and rebalancing steps call this before a stretch that holds the GIL (a
+        RocksDB write does), so a running search finishes first instead of stalling
+        behind it: searches go first, and a write waits at most ``timeout``."""
+        with self._lock:
+            return self._cv.wait_for(lambda: not self._active, timeout)
 
     def now(self) -> int:
         """A ticket boundary: searches holding smaller tickets started before this call."""

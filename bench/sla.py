@@ -1,0 +1,214 @@
+"""SLA benchmark: a latency-critical tenant's searches beside another tenant's bulk ingest.
+
+    python -m bench.sla --n 200k --seconds 20 --rate 100
+
+Tenant A sends batch-size-1 searches at a fixed rate (open loop: each query's latency runs
+from its scheduled send time, so a stalled server is charged for the queries that pile up
+behind the stall). Tenant B upserts new vectors flat out in batches, so postings split and
+rebalancing runs. For each store (``rocksdb``, ``blocks``) one index is built, copied, and
+each copy runs one of:
+
+* ``alone``: A only (``io_scheduler="sla"``);
+* ``fifo``: A and B, one shared I/O queue, background unpaced;
+* ``sla``: A and B, a queue per class, background paced to A's p99 target.
+
+Reported per run: A's p50/p99/p99.9 and its p99 over the store's ``alone`` p99, B's rows/s
+and its ratio to ``fifo``. Then, per store with its caches off (the block store reads with
+O_DIRECT; RocksDB gets a 1 MiB block cache, the OS page cache stays), the fewest postings
+per query reaching recall@10 >= 0.90 and batch-size-1 p50/p99 and QPS there.
+Writes ``<out>/sla-<n>.json`` and a PNG of A's latency CDFs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+import vindex
+
+from . import datasets, measure, report, synthetic
+
+MODES = ("alone", "fifo", "sla")
+SMALL_CACHE = 1 << 20
+
+
+def open_loop(index: vindex.Index, queries: np.ndarray, rate: float, seconds: float, m: int,
+              threads: int = 4) -> np.ndarray:
+    """Tenant A: one query every ``1 / rate`` s for ``seconds``; per query the seconds from its
+    scheduled send time to its result."""
+    n = int(rate * seconds)
+    lat = np.full(n, np.nan)
+    t0 = time.perf_counter() + 0.05
+
+    def one(i: int) -> None:
+        index.search(queries[i % queries.shape[0]], 10, max_postings=m, tenant="A")
+        lat[i] = time.perf_counter() - (t0 + i / rate)
+
+    with ThreadPoolExecutor(threads) as pool:
+        for i in range(n):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            pool.submit(one, i)
+    return lat
+
+
+class Ingest(threading.Thread):
+    """Tenant B: upserts new ids flat out until stopped."""
+
+    def __init__(self, index: vindex.Index, x: np.ndarray, first_id: int, batch: int):
+        super().__init__(daemon=True)
+        self.index, self.x, self.first_id, self.batch = index, x, first_id, batch
+        self.rows, self.stop_flag = 0, threading.Event()
+
+    def run(self) -> None:
+        lo = 0
+        while not self.stop_flag.is_set() and lo < self.x.shape[0]:
+            hi = min(lo + self.batch, self.x.shape[0])
+            self.index.upsert(np.arange(self.first_id + lo, self.first_id + hi), self.x[lo:hi])
+            self.rows += hi - lo
+            lo = hi
+
+
+def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.ndarray, n: int,
+            args: argparse.Namespace) -> dict:
+    path = os.path.join(work, f"run-{mode}")
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(base_dir, path)
+    index = vindex.Index.open(path, io_scheduler="fifo" if mode == "fifo" else "sla",
+                              interactive_p99_ms=args.p99_target_ms)
+    try:
+        for q in queries[:200]:  # warm the kernels and the caches
+            index.search(q, 10, max_postings=args.max_postings)
+        before = index.stats()
+        ingest = None
+        if mode != "alone":
+            ingest = Ingest(index, extra, n, args.batch)
+            ingest.start()
+            time.sleep(args.warmup)
+        rows0, t0 = (ingest.rows if ingest else 0), time.perf_counter()
+        lat = open_loop(index, queries, args.rate, args.seconds, args.max_postings)
+        took = time.perf_counter() - t0
+        rows = (ingest.rows - rows0) if ingest else 0
+        if ingest:
+            ingest.stop_flag.set()
+            ingest.join()
+        after = index.stats()
+        out = {"a": measure.percentiles(lat[np.isfinite(lat)]), "a_latencies_ms": (np.sort(lat) * 1e3).tolist(),
+               "b_rows_per_s": rows / took,
+               "splits": after["splits"] - before["splits"], "reassigns": after["reassigns"] - before["reassigns"],
+               "store_io": after.get("store", {}).get("io")}
+        print(f"  [{mode}] A p50 {out['a']['p50']:.2f} p99 {out['a']['p99']:.2f} p99.9 {out['a']['p999']:.2f} ms; "
+              f"B {out['b_rows_per_s']:.0f} rows/s; splits {out['splits']}", file=sys.stderr, flush=True)
+        return out
+    finally:
+        index.close()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def cold_search(base_dir: str, queries: np.ndarray, gt: np.ndarray, args: argparse.Namespace) -> dict:
+    """Recall@10 >= 0.90 at the fewest postings, then batch-size-1 latency and QPS there."""
+    index = vindex.Index.open(base_dir, cache_bytes=SMALL_CACHE, rebalance=False)
+    try:
+        q = queries[: args.recall_queries]
+        chosen = None
+        for m in (4, 6, 8, 12, 16, 24, 32, 48, 64):
+            rec = datasets.recall_at_k(index.search(q, 10, max_postings=m).ids, gt[: q.shape[0]], 10)
+            chosen = {"max_postings": m, "recall_at_10": rec}
+            if rec >= 0.90:
+                break
+        lat = measure.latencies(lambda row: index.search(row, 10, max_postings=chosen["max_postings"]),
+                                queries, args.latency_queries)
+        chosen.update(measure.percentiles(lat), qps=1.0 / float(np.mean(lat)))
+        print(f"  [cold] max_postings {chosen['max_postings']} recall@10 {chosen['recall_at_10']:.3f}: "
+              f"p50 {chosen['p50']:.2f} p99 {chosen['p99']:.2f} ms, {chosen['qps']:.0f} QPS", file=sys.stderr)
+        return chosen
+    finally:
+        index.close()
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(result["stores"]), figsize=(6 * len(result["stores"]), 4), squeeze=False)
+    for ax, (store, runs) in zip(axes[0], result["stores"].items()):
+        for mode in MODES:
+            lat = np.asarray(runs[mode]["a_latencies_ms"])
+            lat = lat[np.isfinite(lat)]
+            ax.plot(lat, np.arange(1, lat.size + 1) / lat.size, label=f"{mode} (p99 {runs[mode]['a']['p99']:.1f} ms)")
+        ax.set_xscale("log")
+        ax.set_xlabel("tenant A latency (ms, from scheduled send)")
+        ax.set_ylabel("fraction of queries")
+        ax.set_title(f"{store}: A at {result['meta']['rate']:.0f} QPS, B ingesting")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    report.save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", default="200k", help="vectors in the index before B starts")
+    ap.add_argument("--stores", default="rocksdb,blocks")
+    ap.add_argument("--rate", type=float, default=100.0, help="tenant A's queries per second")
+    ap.add_argument("--seconds", type=float, default=20.0, help="measured seconds per run")
+    ap.add_argument("--warmup", type=float, default=2.0, help="seconds of B alone before A is measured")
+    ap.add_argument("--batch", type=int, default=1000, help="tenant B's rows per upsert")
+    ap.add_argument("--max-postings", type=int, default=16)
+    ap.add_argument("--p99-target-ms", type=float, default=5.0)
+    ap.add_argument("--recall-queries", type=int, default=1000)
+    ap.add_argument("--latency-queries", type=int, default=2000)
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args(argv)
+    n = datasets.parse_count(args.n)
+    base, queries, _ = synthetic.load_cached(n, 128, 0)
+    base, queries = np.asarray(base), np.asarray(queries)
+    extra = synthetic.make_rows(n, n + 400_000, 128, 0)
+    gt, _ = datasets.ground_truth(base, queries[: args.recall_queries], 10, "l2")
+    measure.limit_threads(os.cpu_count() or 1)
+    result: dict = {"meta": {"n": n, "rate": args.rate, "seconds": args.seconds, "batch": args.batch,
+                             "max_postings": args.max_postings, "p99_target_ms": args.p99_target_ms,
+                             "time": time.strftime("%Y-%m-%d %H:%M:%S")}, "stores": {}, "cold": {}}
+    work = tempfile.mkdtemp(prefix="vindex-sla-", dir=os.environ.get("VINDEX_BENCH_TMP"))
+    try:
+        for store in args.stores.split(","):
+            print(f"[{store}] building {n} vectors", file=sys.stderr, flush=True)
+            base_dir = os.path.join(work, f"base-{store}")
+            vindex.Index.build(base_dir, base, store=store, progress=False).close()
+            measure.limit_threads(1)
+            result["cold"][store] = cold_search(base_dir, queries, gt, args)
+            runs = result["stores"][store] = {}
+            for mode in MODES:
+                runs[mode] = one_run(base_dir, work, mode, queries, extra, n, args)
+            alone = runs["alone"]["a"]["p99"]
+            for mode in ("fifo", "sla"):
+                runs[mode]["a_p99_over_alone"] = runs[mode]["a"]["p99"] / alone
+            runs["sla"]["b_over_fifo"] = runs["sla"]["b_rows_per_s"] / max(runs["fifo"]["b_rows_per_s"], 1e-9)
+            print(f"[{store}] A p99 over alone: fifo {runs['fifo']['a_p99_over_alone']:.2f}x, "
+                  f"sla {runs['sla']['a_p99_over_alone']:.2f}x; B sla/fifo {runs['sla']['b_over_fifo']:.2f}x",
+                  file=sys.stderr, flush=True)
+            measure.limit_threads(os.cpu_count() or 1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, f"sla-{args.n}")
+    plot(result, stem + ".png")
+    for runs in result["stores"].values():
+        for r in runs.values():
+            r.pop("a_latencies_ms")
+    report.write_json(stem + ".json", result)
+    print(f"wrote {stem}.json and {stem}.png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
