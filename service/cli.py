@@ -1,6 +1,7 @@
 """The ``vindex`` command line.
 
     vindex serve  [--data DIR] [--host H] [--port P] [--sample wiki]   run the gRPC server
+                  [--tenants FILE] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
     vindex create NAME --dim D [--metric cosine] [--set key=value ...]  create a collection
     vindex ingest NAME FILE [--batch N]       stream a vector file in (resumable, with progress)
     vindex query  NAME (--id ID | --file F)   nearest neighbours of a stored id or of file rows
@@ -8,7 +9,8 @@
     vindex demo                               the library alone: build and query a bundled set
     vindex verify DIR                         check an index (or every collection of a data dir)
 
-Every client command talks to ``--server`` (default ``127.0.0.1:50051``, or ``$VINDEX_SERVER``).
+Every client command talks to ``--server`` (default ``127.0.0.1:50051``, or ``$VINDEX_SERVER``),
+sending ``--api-key`` (default ``$VINDEX_API_KEY``) and trusting ``--tls-ca`` for TLS.
 Heavy imports are deferred so ``serve`` can pin BLAS/OpenMP to one thread per call first.
 """
 from __future__ import annotations
@@ -37,7 +39,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     max_results=args.max_results,
                     max_concurrent_rpcs=args.max_concurrent_rpcs)
     cfg = ServerConfig(data_dir=args.data, host=args.host, port=args.port, workers=args.workers,
-                       limits=limits, sample=None if args.sample == "none" else args.sample)
+                       limits=limits, sample=None if args.sample == "none" else args.sample,
+                       tenants=args.tenants, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                       tls_client_ca=args.tls_client_ca)
 
     def ready(server: Any) -> None:
         names = server.collections.names()
@@ -56,7 +60,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _client(args: argparse.Namespace) -> Any:
     import vindex
 
-    return vindex.Client(args.server, timeout=args.timeout)
+    return vindex.Client(args.server, timeout=args.timeout, api_key=args.api_key or None,
+                         tls_root_cert=args.tls_ca or None, tls_client_cert=args.tls_client_cert,
+                         tls_client_key=args.tls_client_key)
 
 
 def _config_pairs(pairs: list[str]) -> dict:
@@ -184,6 +190,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-results", type=int, default=1_000_000, help="queries x k per search request")
     s.add_argument("--max-concurrent-rpcs", type=int, default=256,
                    help="calls beyond this are refused with RESOURCE_EXHAUSTED")
+    s.add_argument("--tenants", metavar="FILE", help="tenants, API keys, classes and quotas (JSON; see "
+                   "docs/service.md); without it every call is the one tenant 'default', unauthenticated")
+    s.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve TLS (with --tls-key)")
+    s.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    s.add_argument("--tls-client-ca", metavar="FILE",
+                   help="PEM CA bundle: require client certificates it signed (mutual TLS)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=cmd_serve)
 
@@ -191,6 +203,14 @@ def parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
         p.add_argument("--server", default=os.environ.get("VINDEX_SERVER", DEFAULT_SERVER))
         p.add_argument("--timeout", type=float, default=60.0, help="seconds per call")
+        p.add_argument("--api-key", default=os.environ.get("VINDEX_API_KEY"),
+                       help="API key for a server with tenants (default $VINDEX_API_KEY, which keeps it "
+                            "out of the process list)")
+        p.add_argument("--tls-ca", metavar="FILE", default=os.environ.get("VINDEX_TLS_CA"),
+                       help="PEM CA certificate the server's certificate is checked against: connect with TLS "
+                            "(default $VINDEX_TLS_CA)")
+        p.add_argument("--tls-client-cert", metavar="FILE", help="PEM client certificate (mutual TLS)")
+        p.add_argument("--tls-client-key", metavar="FILE", help="PEM private key of --tls-client-cert")
         return p
 
     c = client_parser("create", "create a collection")

@@ -14,7 +14,10 @@ opens it. Failed calls raise the library's exceptions (``DimensionError``, ``IdE
 """
 from __future__ import annotations
 
+import collections
 import json
+import os
+import re
 import time
 from typing import Any, Iterable, Iterator
 
@@ -169,19 +172,72 @@ class Collection:
         self._stub_call("Flush", pb.FlushRequest(collection=self.name))
 
 
+class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
+                                                             "wait_for_ready", "compression")),
+                   grpc.ClientCallDetails):
+    pass
+
+
+class _ApiKey(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Sends ``x-api-key`` with every call."""
+
+    def __init__(self, key: str):
+        self._md = (("x-api-key", key),)
+
+    def _details(self, d: grpc.ClientCallDetails) -> _CallDetails:
+        return _CallDetails(d.method, d.timeout, tuple(d.metadata or ()) + self._md, d.credentials,
+                            d.wait_for_ready, getattr(d, "compression", None))
+
+    def intercept_unary_unary(self, continuation: Any, details: grpc.ClientCallDetails, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_stream(self, continuation: Any, details: grpc.ClientCallDetails, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+
+def _pem(value: str | bytes | os.PathLike | None, what: str) -> bytes | None:
+    """PEM bytes as given, or read from a path."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        with open(value, "rb") as f:
+            return f.read()
+    raise TypeError(f"{what}: expected a path or PEM bytes, got {type(value).__name__}")
+
+
 class Client:
     """A connection to a vindex server at ``target`` (``host:port``).
 
     ``timeout`` (seconds) is the deadline of every call; ``None`` waits as long as needed.
+    ``api_key`` is sent as ``x-api-key`` with every call (servers started with ``--tenants``
+    require one). ``tls_root_cert`` (a path or PEM bytes) turns on TLS and trusts the CA that
+    signed the server's certificate; ``tls_client_cert`` and ``tls_client_key`` present a client
+    certificate to a server that requires one. ``credentials`` gives full control instead.
     """
 
     def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float | None = 60.0,
+                 api_key: str | None = None, tls_root_cert: str | bytes | os.PathLike | None = None,
+                 tls_client_cert: str | bytes | os.PathLike | None = None,
+                 tls_client_key: str | bytes | os.PathLike | None = None,
                  credentials: grpc.ChannelCredentials | None = None):
         self.target, self.timeout = target, timeout
+        if api_key is not None and (not isinstance(api_key, str) or not re.fullmatch(r"[\x21-\x7e]+", api_key)):
+            raise ValueError("api_key: expected a non-empty string of printable ASCII without spaces")
+        tls = (tls_root_cert, tls_client_cert, tls_client_key)
+        if any(v is not None for v in tls):
+            if credentials is not None:
+                raise ValueError("credentials: give either credentials or tls_* arguments, not both")
+            if (tls_client_cert is None) != (tls_client_key is None):
+                raise ValueError("tls_client_cert and tls_client_key: expected both or neither")
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_pem(tls_root_cert, "tls_root_cert"),
+                private_key=_pem(tls_client_key, "tls_client_key"),
+                certificate_chain=_pem(tls_client_cert, "tls_client_cert"))
         opts = grpc_options()
         self._channel = (grpc.secure_channel(target, credentials, options=opts) if credentials
                          else grpc.insecure_channel(target, options=opts))
-        self._stub = pb_grpc.VectorIndexStub(self._channel)
+        calls = self._channel if api_key is None else grpc.intercept_channel(self._channel, _ApiKey(api_key))
+        self._stub = pb_grpc.VectorIndexStub(calls)
 
     def _describe(self, name: str) -> pb.CollectionInfo:
         return _call(self._stub.DescribeCollection, pb.DescribeCollectionRequest(name=name), self.timeout)

@@ -5,6 +5,9 @@ release the GIL, RocksDB reads and writes) runs on a thread pool, so a long sear
 durable write never blocks the loop. Health reports SERVING only once the kernels are compiled
 and every collection is open; SIGTERM/SIGINT reports NOT_SERVING, refuses new calls with
 UNAVAILABLE, lets running calls finish, then checkpoints and closes every collection.
+With a tenants file, :class:`~service.tenants.TenantInterceptor` authenticates every call by
+its API key, checks its RPC class and charges its quota before the servicer sees it; TLS
+(optionally mutual) comes from PEM files.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ from . import vindex_pb2_grpc as pb_grpc
 from .batching import MAX_COALESCED_QUERIES, SearchBatcher
 from .collections import Collections
 from .status import RequestTooLargeError, code_for, message, trailers
+from .tenants import TenantInterceptor, current_tenant, load_tenants
+from .tls import server_credentials
 
 log = logging.getLogger("vindex.service")
 
@@ -286,6 +291,8 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         return pb.DeleteResponse(deleted=await self._call(context, run))
 
     async def Get(self, request, context):
+        tenant = self.tenant_of(context)
+
         def run():
             ids = decode_ids(request.ids, self.limits)
             with self.collections.use(request.collection) as index:
@@ -293,7 +300,7 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
                     raise RequestTooLargeError(
                         f"ids: {ids.size} vectors of dimension {index.dim} exceed the 64 MiB response limit; "
                         f"ask for at most {(MESSAGE_BYTES - (1 << 20)) // (4 * index.dim)} per request")
-                x, found = index.get(ids)
+                x, found = index.get(ids, tenant=tenant)
                 return pb.GetResponse(vectors=np.ascontiguousarray(x, "<f4").tobytes(), dim=index.dim,
                                       found=found.tolist())
         return await self._call(context, run)
@@ -351,14 +358,22 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         return await self._call(context, None, coroutine=coalesced)
 
     def tenant_of(self, context: grpc.aio.ServicerContext) -> str:
-        """The tenant a call's storage requests are charged to."""
-        return "default"
+        """The tenant a call's storage requests are charged to: the one its API key names
+        (:class:`TenantInterceptor` authenticated it), or "default" without tenants."""
+        state = current_tenant()
+        return "default" if state is None else state.name
 
     # maintenance
     async def Stats(self, request, context):
+        state = current_tenant()
+        tenant = None if state is None else state.snapshot()  # the caller's own counters only
+
         def run():
             with self.collections.use(request.collection) as index:
-                return pb.StatsResponse(stats_json=json.dumps(index.stats(), default=_json_default))
+                stats = index.stats()
+                if tenant is not None:
+                    stats["tenant"] = tenant
+                return pb.StatsResponse(stats_json=json.dumps(stats, default=_json_default))
         return await self._call(context, run)
 
     async def Flush(self, request, context):
@@ -383,6 +398,10 @@ class ServerConfig:
     limits: Limits = Limits()
     grace_s: float = 30.0            # how long SIGTERM lets running calls finish
     sample: str | None = None        # load this bundled data set as a collection if absent
+    tenants: str | None = None       # tenants file (service/tenants.py); None: no authentication
+    tls_cert: str | None = None      # PEM certificate chain; with tls_key, serve TLS only
+    tls_key: str | None = None       # PEM private key
+    tls_client_ca: str | None = None  # PEM CA bundle: require client certificates it signed
 
 
 class Server:
@@ -391,13 +410,17 @@ class Server:
     def __init__(self, config: ServerConfig, on_ready: Callable[["Server"], None] | None = None):
         self.config = config
         self.on_ready = on_ready
+        # bad tenants or TLS files fail here, before the data directory is locked
+        self.tenants = load_tenants(config.tenants) if config.tenants else None
+        self.credentials = server_credentials(config)
         workers = config.workers or 2 * (os.cpu_count() or 1)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vindex-rpc")
         self.collections = Collections(config.data_dir)
         self.servicer = VectorIndexServicer(self.collections, self.pool, config.limits)
         self.health = health_aio.HealthServicer()
-        self.server = grpc.aio.server(options=grpc_options(),
-                                      maximum_concurrent_rpcs=config.limits.max_concurrent_rpcs)
+        self.server = grpc.aio.server(
+            options=grpc_options(), maximum_concurrent_rpcs=config.limits.max_concurrent_rpcs,
+            interceptors=None if self.tenants is None else [TenantInterceptor(self.tenants, SERVICE_NAME)])
         add_servicer(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -420,9 +443,18 @@ class Server:
     async def _start(self) -> None:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        address = f"{self.config.host}:{self.config.port}"
+        self.port = (self.server.add_insecure_port(address) if self.credentials is None
+                     else self.server.add_secure_port(address, self.credentials))
         if self.port == 0:
-            raise OSError(f"cannot listen on {self.config.host}:{self.config.port}")
+            raise OSError(f"cannot listen on {address}")
+        if self.credentials is not None:
+            log.info("TLS on%s", " with client certificates required" if self.config.tls_client_ca else "")
+        if self.tenants is not None:
+            log.info("loaded %d tenant(s) from %s: %s", len(self.tenants), self.config.tenants,
+                     ", ".join(self.tenants.names()))
+            if self.credentials is None and self.config.host not in ("127.0.0.1", "localhost", "::1"):
+                log.warning("API keys travel in plaintext: serve with --tls-cert and --tls-key")
         await self.server.start()
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import grpc
 
 from vindex import errors
+from vindex.iosched import ResourceExhaustedError
 
 #: Trailing-metadata keys carrying the library exception.
 ERROR_KEY = "vindex-error"
@@ -27,6 +28,7 @@ _CODES: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.StorageError, grpc.StatusCode.UNAVAILABLE),
     (errors.IndexClosedError, grpc.StatusCode.UNAVAILABLE),
     (errors.IndexLockedError, grpc.StatusCode.FAILED_PRECONDITION),
+    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 
@@ -41,6 +43,16 @@ class CollectionExistsError(errors.IndexExistsError):
 class RequestTooLargeError(errors.InvalidInputError):
     """More rows, queries or results than the server accepts in one request (RESOURCE_EXHAUSTED).
     A ``k`` above the server's ``max_k`` is an ``InvalidKError`` (INVALID_ARGUMENT) instead."""
+
+
+class QuotaExceededError(ResourceExhaustedError):
+    """A tenant is over its query or row rate, or at its calls in flight (RESOURCE_EXHAUSTED);
+    the message names the tenant and the quota. ``retry_after_s``, when known, is how long until
+    the call would pass (the server sends it as ``grpc-retry-pushback-ms``)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ServiceError(errors.VindexError):
@@ -96,7 +108,8 @@ _KNOWN = {cls.__name__: cls for cls in (
     errors.InvalidInputError, errors.CorruptionError, errors.StorageError, errors.IndexLockedError,
     errors.IndexClosedError,
     errors.IndexNotFoundError, errors.IndexExistsError, errors.NotAnIndexError,
-    CollectionNotFoundError, CollectionExistsError, RequestTooLargeError,
+    CollectionNotFoundError, CollectionExistsError, RequestTooLargeError, ResourceExhaustedError,
+    QuotaExceededError,
 )}
 
 
