@@ -26,10 +26,16 @@ def read_vids(store, pids):
     return [words[batch.offsets[i]:batch.offsets[i + 1], 0].tolist() for i in range(len(pids))]
 
 
-@pytest.fixture(params=["memory", "rocksdb"])
+@pytest.fixture(params=["memory", "rocksdb", "blocks"])
 def store(request, tmp_path):
-    s = MemoryStore(RS) if request.param == "memory" else RocksStore(
-        str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
+    if request.param == "memory":
+        s = MemoryStore(RS)
+    elif request.param == "rocksdb":
+        s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
+    else:
+        from vindex.storage.blocks import BlockStore
+
+        s = BlockStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
     yield s
     s.close()
 

@@ -1,0 +1,549 @@
+"""The block store (store="blocks"): congruence with MemoryStore, crash recovery, corruption,
+block reclamation against running reads, per-class queues, both I/O engines. The generic
+store semantics run on it in test_store.py too."""
+from __future__ import annotations
+
+import errno
+import glob
+import io
+import multiprocessing
+import os
+import shutil
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from vindex.errors import CorruptionError, IndexLockedError, StorageError
+from vindex.iosched import DeadlineExpired
+from vindex.storage import Change, IOClass, MemoryStore, blockmap, blocks
+from vindex.storage.blockmap import BLOCK, BlockMap, FormatError
+from vindex.storage.blocks import BlockStore
+
+RS = 24  # does not divide 4096: records straddle blocks
+
+
+def _uring_works() -> bool:
+    try:
+        from vindex.storage.uring import Ring
+
+        Ring().close()
+        return True
+    except OSError:
+        return False
+
+
+ENGINES = ["preadv", pytest.param("io_uring", marks=pytest.mark.skipif(not _uring_works(), reason="no io_uring"))]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request):
+    return request.param
+
+
+def recs(vids, rs: int = RS) -> bytes:
+    """Records whose first u32 is the vid (the rest: the vid again, so damage shows)."""
+    vids = np.asarray(vids, dtype=np.uint32)
+    return np.repeat(vids[:, None], rs // 4, axis=1).tobytes()
+
+
+def vids_of(store, pids, io=IOClass.INTERACTIVE, **kw):
+    batch = store.read(np.asarray(pids), io, **kw)
+    words = batch.data.view(np.uint32).reshape(-1, RS // 4)
+    assert (words == words[:, :1]).all(), "a record came back damaged"
+    return [words[batch.offsets[i]:batch.offsets[i + 1], 0].tolist() for i in range(len(pids))]
+
+
+def open_store(path, **kw) -> BlockStore:
+    kw.setdefault("create", True)
+    return BlockStore(str(path), record_size=kw.pop("record_size", RS), **kw)
+
+
+def load(store, postings: dict[int, list[int]]) -> None:
+    pids = sorted(postings)
+    data = np.frombuffer(b"".join(recs(postings[p], store.record_size) for p in pids), np.uint8)
+    offsets = np.concatenate(([0], np.cumsum([len(postings[p]) for p in pids])))
+    store.bulk_load(np.array(pids), data.reshape(-1, store.record_size), offsets)
+
+
+def map_blocks(store) -> set[int]:
+    return set(store._map.referenced().tolist())
+
+
+def block_workers(store, pool):
+    """Occupy every worker of a preadv pool (a class, or None: fifo's shared pool) until the
+    returned event is set."""
+    gate = threading.Event()
+    blockers = [store._sched.submit(pool or IOClass.INTERACTIVE, gate.wait)
+                for _ in range(store._sched._slots[pool])]
+    wait_until(lambda: all(b.running() for b in blockers))
+    return gate
+
+
+def wait_until(cond, timeout=10.0) -> None:
+    """Synchronise with another thread (not an assertion on timing)."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.001)
+
+
+# --- congruence with MemoryStore -----------------------------------------------------------------
+def _same(blk, mem, pids, io=IOClass.INTERACTIVE):
+    a, b = blk.read(pids, io), mem.read(pids, io)
+    np.testing.assert_array_equal(a.offsets, b.offsets)
+    assert a.data.tobytes() == b.data.tobytes()
+
+
+@pytest.mark.parametrize("rs", [24, 520, 4104])  # straddling, vector-sized, bigger than a block
+def test_random_changes_match_memory_store(tmp_path, engine, rs):
+    rng = np.random.default_rng(rs)
+    n_max = 200 if rs < 1000 else 12
+
+    def payload(n):
+        return rng.integers(0, 256, n * rs, dtype=np.uint8).tobytes()
+
+    mem, blk = MemoryStore(rs), open_store(tmp_path / "s", record_size=rs, engine=engine)
+    sizes = rng.integers(0, n_max, 30)
+    raw = np.frombuffer(payload(int(sizes.sum())), np.uint8).reshape(-1, rs)
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    for s in (mem, blk):
+        s.bulk_load(np.arange(30), raw, offsets)
+    try:
+        for step in range(160):
+            ch = Change()
+            for _ in range(int(rng.integers(1, 4))):
+                pid, kind = int(rng.integers(0, 40)), rng.random()
+                if kind < 0.6:
+                    ch.appends[pid] = payload(int(rng.integers(1, n_max // 3 + 2)))
+                elif kind < 0.85:
+                    ch.replaces[pid] = payload(int(rng.integers(0, n_max)))
+                else:
+                    ch.drops.append(pid)
+            ch.log = b"step %d" % step if rng.random() < 0.7 else None
+            assert blk.commit(ch, IOClass.UPDATE) == mem.commit(ch, IOClass.UPDATE)
+            if step % 10 == 0:
+                _same(blk, mem, rng.permutation(45)[: int(rng.integers(1, 45))])
+            if step % 23 == 0:
+                blk.sync()  # makes released blocks reusable
+            if step == 80:
+                blk.close()
+                blk = open_store(tmp_path / "s", record_size=rs, engine=engine, create=False)
+            if step == 120:
+                seq = mem._seq
+                blk.truncate_log(seq - 3)
+                mem.truncate_log(seq - 3)
+        _same(blk, mem, rng.permutation(45), IOClass.BACKGROUND)
+        n = max(blk.lengths().shape[0], mem.lengths().shape[0])
+        np.testing.assert_array_equal(np.pad(blk.lengths(), (0, n - blk.lengths().shape[0])),
+                                      np.pad(mem.lengths(), (0, n - mem.lengths().shape[0])))
+        assert list(blk.log_since(0)) == list(mem.log_since(0))
+        st = blk.stats()
+        assert st["blocks_used"] == len(map_blocks(blk))
+        assert st["blocks_held"] + st["blocks_used"] + len(blk._map.free) == blk._map.high
+    finally:
+        blk.close()
+
+
+def test_concurrent_readers_see_whole_postings(tmp_path, engine):
+    """Readers never see a block reused under them while a writer churns and syncs."""
+    s = open_store(tmp_path / "s", engine=engine)
+    load(s, {p: list(range(p * 1000, p * 1000 + 50)) for p in range(8)})
+    stop, errors = threading.Event(), []
+
+    def reader(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            while not stop.is_set():
+                pids = rng.permutation(8)[:4]
+                for p, got in zip(pids.tolist(), vids_of(s, pids)):
+                    assert got == list(range(p * 1000, p * 1000 + len(got)))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    rng = np.random.default_rng(0)
+    lengths = {p: 50 for p in range(8)}
+    for i in range(300):
+        p = int(rng.integers(0, 8))
+        if rng.random() < 0.3:
+            lengths[p] = int(rng.integers(0, 400))
+            s.commit(Change(replaces={p: recs(range(p * 1000, p * 1000 + lengths[p]))}), IOClass.BACKGROUND)
+        else:
+            n = int(rng.integers(1, 60))
+            s.commit(Change(appends={p: recs(range(p * 1000 + lengths[p], p * 1000 + lengths[p] + n))}),
+                     IOClass.UPDATE)
+            lengths[p] += n
+        if i % 10 == 0:
+            s.sync()
+    stop.set()
+    for t in threads:
+        t.join()
+    s.close()
+    assert not errors, errors[0]
+
+
+# --- reopen and crashes ----------------------------------------------------------------------------
+def test_reopen_after_close_and_from_a_copy_taken_while_open(tmp_path, engine):
+    s = open_store(tmp_path / "s", engine=engine)
+    load(s, {0: list(range(300)), 1: [7]})
+    for i in range(20):
+        s.commit(Change(appends={i % 3: recs(range(1000 + 10 * i, 1010 + 10 * i))}, log=b"%d" % i), IOClass.UPDATE)
+    s.commit(Change(replaces={1: recs([5, 6])}, drops=[2], log=b"last"), IOClass.UPDATE)
+    want = vids_of(s, [0, 1, 2])
+    shutil.copytree(tmp_path / "s", tmp_path / "copy")  # as a crash would leave it: no close, no sync
+    s.close()
+    for path in (tmp_path / "s", tmp_path / "copy"):
+        again = open_store(path, engine=engine, create=False)
+        assert vids_of(again, [0, 1, 2]) == want
+        assert [r for _, r in again.log_since(18)] == [b"18", b"19", b"last"]
+        assert again.commit(Change(log=b"next"), IOClass.UPDATE) == 22
+        again.close()
+
+
+def _child_commits(path: str, conn) -> None:
+    """Spawned child: commits forever, reporting each (i, seq) once commit has returned."""
+    s = BlockStore(path, record_size=RS, create=True)
+    i = 0
+    while True:
+        seq = s.commit(Change(appends={i % 7: recs([i])}, log=b"%d" % i), IOClass.UPDATE)
+        conn.send((i, seq))
+        i += 1
+
+
+def test_sigkill_loses_no_reported_commit(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_child_commits, args=(str(tmp_path / "s"), theirs), daemon=True)
+    child.start()
+    reported = []
+    try:
+        while len(reported) < 300:
+            if not ours.poll(120):
+                raise TimeoutError("child reported nothing")
+            reported.append(ours.recv())
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+    try:
+        while ours.poll(0):
+            reported.append(ours.recv())
+    except (EOFError, OSError):
+        pass
+    s = open_store(tmp_path / "s", create=False)
+    got = vids_of(s, list(range(7)))
+    logs = dict(s.log_since(0))
+    for i, seq in reported:
+        assert i in got[i % 7]
+        assert logs[seq] == b"%d" % i
+    assert sorted(logs) == list(range(1, len(logs) + 1))  # gapless, maybe a few unreported
+    s.close()
+
+
+# --- damaged logs and snapshots --------------------------------------------------------------------
+def _three_commits(path):
+    s = open_store(path)
+    for i in range(3):
+        s.commit(Change(appends={0: recs([i])}, log=b"r%d" % i), IOClass.UPDATE)
+    s.close()
+    (log_path,) = glob.glob(str(path / "log.*"))
+    data = open(log_path, "rb").read()
+    starts, pos = [], blockmap.LOG_HEAD.size
+    while pos < len(data):
+        starts.append(pos)
+        pos += 8 + int.from_bytes(data[pos:pos + 4], "little")
+    return log_path, starts
+
+
+def _patch(path, offset, fn):
+    data = bytearray(open(path, "rb").read())
+    data = fn(data, offset)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+@pytest.mark.parametrize("damage", ["cut", "flip", "zeros"])
+def test_torn_final_log_record_is_discarded(tmp_path, damage):
+    log_path, starts = _three_commits(tmp_path / "s")
+    size = os.path.getsize(log_path)
+    if damage == "cut":
+        os.truncate(log_path, size - 5)
+    elif damage == "flip":
+        _patch(log_path, size - 2, lambda d, o: d[:o] + bytes([d[o] ^ 0xFF]) + d[o + 1:])
+    else:  # header written, payload pages never reached the disk
+        _patch(log_path, starts[2] + 8, lambda d, o: d[:o] + bytes(len(d) - o))
+    s = open_store(tmp_path / "s", create=False)
+    assert vids_of(s, [0]) == [[0, 1]]
+    assert os.path.getsize(log_path) == starts[2]  # cut away
+    assert s.commit(Change(appends={0: recs([9])}, log=b"again"), IOClass.UPDATE) == 3
+    s.close()
+    s = open_store(tmp_path / "s", create=False)
+    assert vids_of(s, [0]) == [[0, 1, 9]] and [r for _, r in s.log_since(0)] == [b"r0", b"r1", b"again"]
+    s.close()
+
+
+def test_damaged_middle_record_raises_corruption(tmp_path):
+    log_path, starts = _three_commits(tmp_path / "s")
+    _patch(log_path, starts[1] + 20, lambda d, o: d[:o] + bytes([d[o] ^ 0x01]) + d[o + 1:])
+    with pytest.raises(CorruptionError, match=r"log\.\d+.*intact records follow"):
+        open_store(tmp_path / "s", create=False)
+
+
+def test_missing_middle_record_raises_corruption(tmp_path):
+    log_path, starts = _three_commits(tmp_path / "s")
+    _patch(log_path, starts[1], lambda d, o: d[:o] + d[starts[2]:])
+    with pytest.raises(CorruptionError, match=r"log\.\d+: record 2 is missing"):
+        open_store(tmp_path / "s", create=False)
+
+
+def test_damaged_snapshot_or_short_data_file_raise_corruption(tmp_path):
+    s = open_store(tmp_path / "s")
+    load(s, {0: list(range(500))})
+    s.close()
+    (snap,) = glob.glob(str(tmp_path / "s" / "map.*"))
+    good = open(snap, "rb").read()
+    _patch(snap, 60, lambda d, o: d[:o] + bytes([d[o] ^ 0x10]) + d[o + 1:])
+    with pytest.raises(CorruptionError, match=r"map\.\d+: snapshot fails its checksum"):
+        open_store(tmp_path / "s", create=False)
+    with open(snap, "wb") as f:
+        f.write(good)
+    os.truncate(tmp_path / "s" / "data", BLOCK)
+    with pytest.raises(CorruptionError, match=r"data file .*data: the map points at block"):
+        open_store(tmp_path / "s", create=False)
+
+
+def test_missing_store_locking_and_reopen(tmp_path):
+    with pytest.raises(CorruptionError, match="missing"):
+        open_store(tmp_path / "nothing", create=False)
+    s = open_store(tmp_path / "s")
+    with pytest.raises(IndexLockedError):
+        open_store(tmp_path / "s", create=False)
+    s.close()
+    s.close()  # idempotent
+    with pytest.raises(StorageError, match="closed"):
+        s.read(np.array([0]), IOClass.INTERACTIVE)
+    open_store(tmp_path / "s", create=False).close()
+
+
+# --- failed writes -------------------------------------------------------------------------------
+@pytest.mark.parametrize("target", ["data", "log"])
+def test_failed_write_applies_nothing(tmp_path, monkeypatch, target):
+    s = open_store(tmp_path / "s")
+    load(s, {0: list(range(200)), 1: [1]})
+    assert s.commit(Change(appends={0: recs([500])}, log=b"a"), IOClass.UPDATE) == 1
+    before, lengths, used = vids_of(s, [0, 1, 2]), s.lengths().copy(), map_blocks(s)
+    real = blocks._pwrite
+
+    def full(fd, data, offset):
+        if (fd == s._log_fd) == (target == "log"):
+            n = real(fd, bytes(data)[:10], offset) if target == "log" else 0  # a partial record
+            raise OSError(errno.ENOSPC, f"No space left on device ({n} bytes written)")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(blocks, "_pwrite", full)
+    with pytest.raises(StorageError, match=f"{target}") as err:
+        s.commit(Change(appends={0: recs([600]), 2: recs([7])}, replaces={1: recs([8])}, log=b"b"), IOClass.UPDATE)
+    assert err.value.errno == errno.ENOSPC
+    assert vids_of(s, [0, 1, 2]) == before and map_blocks(s) == used
+    np.testing.assert_array_equal(s.lengths()[: lengths.shape[0]], lengths)
+    monkeypatch.undo()
+    assert s.commit(Change(appends={0: recs([700])}, log=b"c"), IOClass.UPDATE) == 2  # seq did not advance
+    s.close()
+    s = open_store(tmp_path / "s", create=False)
+    assert vids_of(s, [0, 1, 2]) == [before[0] + [700], [1], []]
+    assert [r for _, r in s.log_since(0)] == [b"a", b"c"]
+    s.close()
+
+
+# --- reclamation ---------------------------------------------------------------------------------
+def test_released_blocks_wait_for_fsync_and_for_readers(tmp_path, engine):
+    s = open_store(tmp_path / "s", engine=engine)
+    load(s, {0: list(range(400)), 1: [1]})  # posting 0: 9600 bytes, 3 blocks
+    held = set(s._map.get(0)[0].tolist())
+    ticket = s._tickets.begin()  # a read that looked posting 0 up and is still reading it
+    s.commit(Change(replaces={0: recs([5])}), IOClass.UPDATE)
+    s.sync()
+    for i in range(10):  # commits that need blocks; none may be the reader's
+        s.commit(Change(replaces={10 + i: recs(range(400))}), IOClass.UPDATE)
+        assert not held & map_blocks(s)
+    assert held <= set(s._map.held().tolist())
+    s._tickets.end(ticket)
+    s.commit(Change(replaces={30: recs(range(400))}), IOClass.UPDATE)
+    assert set(s._map.get(30)[0].tolist()) == held  # reused once the reader is gone
+
+    # without an fsync the release is not durable: the blocks wait, reader or not
+    held = set(s._map.get(30)[0].tolist())
+    s.commit(Change(drops=[30]), IOClass.UPDATE)
+    s.commit(Change(replaces={31: recs(range(400))}), IOClass.UPDATE)
+    assert not held & map_blocks(s) and held <= set(s._map.held().tolist())
+    s.sync()
+    s.commit(Change(replaces={32: recs(range(400))}), IOClass.UPDATE)
+    assert set(s._map.get(32)[0].tolist()) == held
+    s.close()
+
+
+def test_a_paused_read_gets_the_old_posting_intact(tmp_path):
+    """A read queued behind busy workers (ticket taken, blocks looked up) while the posting is
+    replaced, synced and its blocks wanted by later commits: it still reads the old records."""
+    s = open_store(tmp_path / "s", engine="preadv")
+    load(s, {0: list(range(400))})
+    held = set(s._map.get(0)[0].tolist())
+    gate = block_workers(s, IOClass.INTERACTIVE)
+    out = {}
+    reader = threading.Thread(target=lambda: out.update(v=vids_of(s, [0])))
+    reader.start()
+    wait_until(lambda: s._sched.queues.depth(IOClass.INTERACTIVE) == 1)
+    s.commit(Change(replaces={0: recs([9])}), IOClass.UPDATE)
+    s.sync()
+    for i in range(5):
+        s.commit(Change(replaces={10 + i: recs(range(400))}), IOClass.UPDATE)
+    assert not held & map_blocks(s)
+    gate.set()
+    reader.join()
+    assert out["v"] == [list(range(400))]
+    s.commit(Change(replaces={20: recs(range(400))}), IOClass.UPDATE)
+    assert set(s._map.get(20)[0].tolist()) == held
+    s.close()
+
+
+# --- I/O classes ---------------------------------------------------------------------------------
+def test_expired_interactive_read_is_dropped(tmp_path, engine):
+    s = open_store(tmp_path / "s", engine=engine)
+    load(s, {0: [1, 2]})
+    with pytest.raises(DeadlineExpired):
+        vids_of(s, [0], deadline=time.monotonic() - 1)
+    assert vids_of(s, [0], deadline=time.monotonic() + 60) == [[1, 2]]
+    st = s.stats()
+    assert st["engine"] == engine and st["queues"]["dropped"]["interactive"] == 1
+    s.close()
+
+
+def test_interactive_deadline_while_queued_and_classes_apart(tmp_path):
+    """sla: with the interactive workers busy, a background read still runs; an interactive
+    read still queued at its deadline is dropped; one without a deadline waits its turn."""
+    s = open_store(tmp_path / "s", engine="preadv")
+    load(s, {0: [1, 2], 1: [3]})
+    gate = block_workers(s, IOClass.INTERACTIVE)
+    assert vids_of(s, [1], IOClass.BACKGROUND) == [[3]]
+    deadline = time.monotonic() + 0.05
+    results: dict = {}
+
+    def read(name, **kw):
+        try:
+            results[name] = vids_of(s, [0], **kw)
+        except DeadlineExpired as exc:
+            results[name] = exc
+
+    threads = [threading.Thread(target=read, args=("late",), kwargs={"deadline": deadline}),
+               threading.Thread(target=read, args=("patient",))]
+    for t in threads:
+        t.start()
+    wait_until(lambda: s._sched.queues.depth(IOClass.INTERACTIVE) == 2)
+    wait_until(lambda: time.monotonic() > deadline)
+    gate.set()
+    for t in threads:
+        t.join()
+    assert isinstance(results["late"], DeadlineExpired) and results["patient"] == [[1, 2]]
+    s.close()
+
+
+def test_fifo_shares_one_queue(tmp_path, engine):
+    s = open_store(tmp_path / "s", engine=engine, io_scheduler="fifo")
+    load(s, {0: [1, 2]})
+    assert vids_of(s, [0], IOClass.BACKGROUND) == [[1, 2]]
+    assert s.stats()["queues"]["mode"] == "fifo"
+    s.close()
+    if engine == "preadv":  # busy shared workers hold up every class
+        s = open_store(tmp_path / "s", engine=engine, io_scheduler="fifo", create=False)
+        gate = block_workers(s, None)
+        fut = s._sched.submit(IOClass.BACKGROUND, lambda: "ran")
+        assert s._sched.queues.depth(IOClass.BACKGROUND) == 1 and not fut.done()
+        gate.set()
+        assert fut.result(10) == "ran"
+        s.close()
+
+
+def test_engines_and_stats(tmp_path, monkeypatch):
+    monkeypatch.setenv("VINDEX_NO_URING", "1")
+    s = open_store(tmp_path / "a")
+    assert s.stats()["engine"] == "preadv"
+    s.close()
+    monkeypatch.delenv("VINDEX_NO_URING")
+    s = open_store(tmp_path / "b")
+    assert s.stats()["engine"] == ("io_uring" if _uring_works() else "preadv")
+    load(s, {0: list(range(300)), 3: [1]})
+    vids_of(s, [0, 3])
+    vids_of(s, [3], IOClass.BACKGROUND)
+    st = s.stats()
+    assert st["kind"] == "blocks" and st["direct_io"] is True
+    assert st["reads_by_class"] == {"interactive": 1, "update": 0, "background": 1}
+    assert st["reads"] == 3 and st["read_bytes"] == (300 + 1 + 1) * RS
+    assert st["blocks_used"] == 3 and st["file_bytes"] >= 3 * BLOCK
+    assert isinstance(st["disk_scheduler"], str) and st["disk_scheduler"]
+    np.testing.assert_array_equal(s.fragments(np.array([0, 3, 99])), [1, 1, 0])
+    s.close()
+
+
+def test_buffered_io_when_o_direct_is_refused(tmp_path, monkeypatch, caplog):
+    def refuse(path):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(blocks, "_open_direct", refuse)
+    s = open_store(tmp_path / "s")
+    assert s.stats()["direct_io"] is False
+    assert "O_DIRECT refused" in caplog.text
+    load(s, {0: list(range(300))})
+    s.commit(Change(appends={0: recs([9])}), IOClass.UPDATE)
+    assert vids_of(s, [0]) == [list(range(300)) + [9]]
+    s.close()
+
+
+def test_disk_scheduler_is_logged(tmp_path, caplog):
+    caplog.set_level("INFO", logger="vindex.storage.blocks")
+    open_store(tmp_path / "s").close()
+    assert "I/O scheduler" in caplog.text
+    dev, sched = blocks.disk_scheduler(str(tmp_path))
+    assert dev and sched  # "unknown" where /sys does not say
+
+
+# --- the map, without I/O ------------------------------------------------------------------------
+def test_allocation_prefers_whole_runs():
+    m = BlockMap(RS)
+    m.free, m.high = np.array([3, 4, 5, 9, 10], dtype=np.int64), 40
+    assert [a.tolist() for a in m.allocate([2, 2, 1])] == [[3, 4], [9, 10], [5]]
+    assert m.allocate([4])[0].tolist() == [40, 41, 42, 43]  # no run fits: grow
+    m.high = 11  # now most of the file is free: take pieces, longest runs first
+    assert m.allocate([4])[0].tolist() == [3, 4, 5, 9]
+    m.take(np.array([3, 4, 40], dtype=np.uint32))
+    assert m.free.tolist() == [5, 9, 10] and m.high == 41
+
+
+def test_reclaim_needs_durable_release_and_drained_readers():
+    m = BlockMap(RS)
+    m.release(np.array([1, 2], dtype=np.uint32), lsn=5, boundary=10)
+    m.release(np.array([7], dtype=np.uint32), lsn=6, boundary=12)
+    assert m.reclaim(synced_lsn=4, drained=lambda b: True) == 0
+    assert m.reclaim(synced_lsn=6, drained=lambda b: b <= 10) == 2
+    assert m.free.tolist() == [1, 2] and m.held().tolist() == [7]
+    assert m.reclaim(synced_lsn=6, drained=lambda b: True) == 1 and m.limbo_blocks == 0
+
+
+def test_log_parser_torn_tail_versus_damage_inside():
+    recs_ = [blockmap.encode_record(i + 1, i + 1, {i: (np.array([i], np.uint32), 1)}, b"x") for i in range(3)]
+    data = b"".join(recs_)
+    got, end = blockmap.read_log(io.BytesIO(data[:-3]), 0, 1, RS)
+    assert [r.lsn for r in got] == [1, 2] and end == len(recs_[0]) + len(recs_[1])
+    bad = bytearray(data)
+    bad[len(recs_[0]) + 12] ^= 1
+    with pytest.raises(FormatError, match="intact records follow"):
+        blockmap.read_log(io.BytesIO(bytes(bad)), 0, 1, RS)
+    snap = blockmap.encode_snapshot(3, 9, 4, RS, {5: (np.array([2, 3], np.uint32), 200)})
+    back = blockmap.decode_snapshot(snap, RS)
+    assert (back.gen, back.lsn, back.seq) == (3, 9, 4) and back.entries[5][0].tolist() == [2, 3]
+    with pytest.raises(FormatError, match="block count"):
+        blockmap.decode_snapshot(blockmap.encode_snapshot(3, 9, 4, RS, {5: (np.array([2], np.uint32), 200)}), RS)

@@ -1,0 +1,754 @@
+"""Block store for raw NVMe: postings in 4 KiB blocks of one file read with O_DIRECT, a
+copy-on-write posting -> block-list map, and reads queued per I/O class on io_uring rings.
+
+Layout of the store directory::
+
+    LOCK          flock'ed while the store is open (a second open raises IndexLockedError)
+    data          the blocks, opened with O_DIRECT; grown by fallocate in steps of >= 4 MiB
+    map.<gen>     map snapshot: every posting's block list and record count (``blockmap``)
+    log.<gen>     the log after that snapshot: header, then one record per commit
+
+A posting's records lie back to back in its blocks (a record may straddle two blocks; only the
+last block is partly filled; see ``blockmap``). A commit never overwrites a block the map
+points at: an append rewrites the partly filled tail block into a new block followed by new
+blocks, a replace writes new blocks. Data blocks are written (pwrite, O_DIRECT) before the log
+record that points at them; the log record (the map delta, the caller's log bytes, a gapless
+record number ``lsn`` and a CRC32) is a buffered write, so it survives a process crash once
+``commit`` returns; ``sync`` fdatasyncs the data file and fsyncs the log for power loss.
+
+Opening loads the newest snapshot and replays the log. A damaged record at the very end of
+the log is a commit that was never acknowledged: it is cut off. A damaged record that intact
+ones follow, a damaged snapshot, or a map pointing past the end of the data file raise
+``CorruptionError`` naming the file. ``truncate_log`` writes a new snapshot and starts log
+``gen + 1`` holding only the caller's records it must keep.
+
+Released blocks (an old tail, a replaced or dropped posting) are reused only once the commit
+that released them is fsynced and every read that started before it has ended (tickets, as
+in ``vindex.readers``); until then they wait in limbo. When the file would have to grow while
+plenty of blocks wait only for an fsync, the commit syncs first.
+
+Reads: every block of every wanted posting, coalesced into runs of consecutive blocks, read
+into a page-aligned buffer of the calling thread, then compacted in place (the slack of each
+posting's tail block squeezed out) so the result is the records back to back. The reads are
+queued per class (``iosched``): with io_uring, one ring per class whose SQEs carry the class's
+ioprio, served by a thread that sleeps on an eventfd; otherwise (``VINDEX_NO_URING=1``, no
+io_uring, not x86-64) ``os.preadv`` at the class's ioprio, on the class's worker threads or,
+when that pool is idle, on the caller (``IOScheduler.run``). Either way the wait for the disk
+releases the GIL. Measured on this 2-vCPU VM (virtio disk, ~100 us per 4 KiB O_DIRECT read):
+one posting 640 us via a ring (two thread hand-offs) vs 480 us by inline preadv; 64 postings
+2.2 ms vs 8.7 ms (the ring keeps them all in flight).
+
+``cache_bytes`` is accepted for the ``open_store`` signature and ignored: the point of this
+store is O_DIRECT reads that bypass every cache. Where O_DIRECT is refused (EINVAL), the store
+uses buffered I/O and drops what it read or wrote from the page cache (``posix_fadvise``
+DONTNEED); ``stats()["direct_io"]`` says which.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import re
+import threading
+import zlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import CorruptionError, IndexLockedError, StorageError
+from ..files import fsync_dir, write_atomic
+from ..iosched import CLASSES, IOScheduler
+from ..readers import Readers
+from .base import Change, IOClass, PostingBatch
+from .blockmap import (BLOCK, EMPTY, LOG_HEAD, LOG_MAGIC, BlockMap, Entries, FormatError, blocks_for,
+                       decode_payload, decode_snapshot, encode_record, encode_snapshot, read_log, runs)
+from .uring import CLASS_IOPRIO, RingScheduler, thread_ioprio
+
+log = logging.getLogger("vindex.storage.blocks")
+
+GROW_MIN_BLOCKS = 1024    # grow the data file by at least 4 MiB (and 1/8 of its size)
+WRITE_CHUNK = 16 << 20    # bulk_load writes through a buffer of this size
+SYNC_TO_REUSE = 1024      # blocks waiting only for an fsync that make a commit sync, not grow
+
+
+def _open_direct(path: str) -> int:
+    """The data file with O_DIRECT (a function so tests can make it fail like tmpfs once did)."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_DIRECT, 0o644)
+
+
+_pwrite = os.pwrite  # every write goes through here (fault-injection tests replace it)
+
+
+def _failed(exc: OSError, where: str, doing: str) -> StorageError:
+    """An OSError from the disk as the StorageError callers handle, naming file and step."""
+    return StorageError(exc.errno or errno.EIO, f"{where}: {exc.strerror or exc} (while {doing})")
+
+
+class _Aligned:
+    """A page-aligned anonymous mapping: O_DIRECT needs aligned buffers."""
+
+    def __init__(self, size: int):
+        self.size = max(BLOCK, -(-size // BLOCK) * BLOCK)
+        self.mm = mmap.mmap(-1, self.size)
+        self.arr = np.frombuffer(self.mm, dtype=np.uint8)
+        self.mv = memoryview(self.mm)
+        self.address = self.arr.ctypes.data
+
+
+class _ThreadBuffers(threading.local):
+    """One growable aligned read buffer per thread: a result stays valid until the thread's
+    next read (a grown buffer is a new mapping; the old one lives while a result uses it)."""
+
+    def __init__(self) -> None:
+        self.buf: _Aligned | None = None
+
+    def get(self, size: int) -> _Aligned:
+        if self.buf is None or self.buf.size < size:
+            old = 0 if self.buf is None else self.buf.size
+            self.buf = _Aligned(max(size, 2 * old, 256 * 1024))
+        return self.buf
+
+
+class ReadJob:
+    """The reads of one request: ``runs`` rows ``(file offset, buffer offset, length)``.
+
+    Calling it does them with ``os.preadv`` (which releases the GIL) at the class's ioprio, on
+    a preadv worker or inline on the caller (``IOScheduler.run``); ``RingScheduler`` puts the
+    same runs on a ring instead."""
+
+    __slots__ = ("fd", "buf", "address", "runs", "prio")
+
+    def __init__(self, fd: int, buf: _Aligned, runs_: np.ndarray, prio: int | None):
+        self.fd, self.buf, self.address, self.runs, self.prio = fd, buf, buf.address, runs_, prio
+
+    def __call__(self) -> None:
+        mv = self.buf.mv
+        with thread_ioprio(self.prio):
+            for off, pos, n in self.runs.tolist():
+                got = os.preadv(self.fd, [mv[pos:pos + n]], off)
+                if got != n:
+                    raise OSError(errno.EIO, f"short read: {got} of {n} bytes at offset {off}")
+
+
+@dataclass
+class _Rewrite:
+    """A posting a commit changes: full blocks it keeps, then new bytes in new blocks."""
+
+    kept: np.ndarray
+    records: int
+    pieces: list = field(default_factory=list)
+    tail: int = -1        # old tail block whose first ``tail_bytes`` start the new bytes
+    tail_bytes: int = 0
+
+
+def disk_scheduler(path: str) -> tuple[str, str]:
+    """``(device, scheduler)`` of the block device holding ``path`` ("unknown" if not found):
+    ``/sys/dev/block/MAJ:MIN`` is the device or a partition, whose parent has the queue."""
+    try:
+        st = os.stat(path)
+        dev = os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+        for d in (dev, os.path.dirname(dev)):
+            f = os.path.join(d, "queue", "scheduler")
+            if os.path.exists(f):
+                with open(f) as fh:
+                    text = fh.read().strip()
+                m = re.search(r"\[([^\]]+)\]", text)
+                return os.path.basename(d), (m.group(1) if m else text or "unknown")
+    except OSError:
+        pass
+    return "unknown", "unknown"
+
+
+class BlockStore:
+    """Posting store on a file of 4 KiB blocks (see the module docstring).
+
+    ``engine``: ``"io_uring"``, ``"preadv"`` or None (io_uring unless ``VINDEX_NO_URING=1``
+    or unavailable). ``direct``: False skips O_DIRECT (tests); None tries it.
+    """
+
+    def __init__(self, path: str, *, record_size: int, cache_bytes: int = 0, create: bool,
+                 io_scheduler: str = "sla", engine: str | None = None, direct: bool | None = None):
+        if io_scheduler not in ("sla", "fifo"):
+            raise ValueError(f"io_scheduler: expected 'sla' or 'fifo', got {io_scheduler!r}")
+        if not os.path.isdir(path):
+            if not create:
+                raise CorruptionError(f"posting store missing: {path}")
+            os.makedirs(path)
+        self.path = os.fspath(path)
+        self.record_size = record_size
+        self.mode = io_scheduler
+        self._data_path = os.path.join(self.path, "data")
+        self._closed = True
+        self._fd = self._log_fd = self._lock_fd = -1
+        self._lock_fd = self._lock()
+        try:
+            self._open_data(direct)
+            self._map = BlockMap(record_size)
+            self._load(create)
+            self._sched, self.engine = self._scheduler(engine)
+        except BaseException:
+            self._release_files()
+            raise
+        self._closed = False
+        self._write_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._tickets = Readers()
+        self._buffers = _ThreadBuffers()
+        self._wbuf = _Aligned(1 << 20)   # commit data (write lock)
+        self._tbuf = _Aligned(1 << 16)   # tail blocks an append rewrites (write lock)
+        self._stats_lock = threading.Lock()
+        self.reads = self.read_bytes = 0
+        self._by_class = {c.value: 0 for c in CLASSES}
+        self.disk, self.disk_scheduler = disk_scheduler(self.path)
+        note = " (I/O priorities have no effect under 'none')" if self.disk_scheduler == "none" else ""
+        log.info("block store %s: disk %s, I/O scheduler %s%s; engine %s, direct I/O %s, queues %s",
+                 self.path, self.disk, self.disk_scheduler, note, self.engine,
+                 "on" if self.direct else "off", self.mode)
+
+    # --- open ---------------------------------------------------------------------------------
+    def _file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def _lock(self) -> int:
+        fd = os.open(self._file("LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise IndexLockedError(f"index store {self.path} is already open (in this or another "
+                                   f"process); close it first") from None
+        return fd
+
+    def _open_data(self, direct: bool | None) -> None:
+        self.direct = False
+        if direct is not False:
+            try:
+                self._fd = _open_direct(self._data_path)
+                self.direct = True
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                log.warning("block store %s: O_DIRECT refused (EINVAL); using buffered I/O with "
+                            "posix_fadvise(DONTNEED)", self.path)
+        if not self.direct:
+            self._fd = os.open(self._data_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        size = os.fstat(self._fd).st_size
+        self._capacity = size // BLOCK  # a partial last block (never written by us) is ignored
+        self._data_dirty = False
+
+    def _load(self, create: bool) -> None:
+        gens = sorted(int(n[4:]) for n in os.listdir(self.path) if n.startswith("map.") and n[4:].isdigit())
+        if not gens:
+            if not create:
+                raise CorruptionError(f"block store {self.path}: no map snapshot (map.<gen>) found")
+            self._init_files()
+            gens = [0]
+        self._gen = gen = gens[-1]
+        snap_path, log_path = self._file(f"map.{gen}"), self._file(f"log.{gen}")
+        try:
+            with open(snap_path, "rb") as f:
+                snap = decode_snapshot(f.read(), self.record_size)
+            if snap.gen != gen:
+                raise FormatError(f"holds generation {snap.gen}")
+        except FormatError as exc:
+            raise CorruptionError(f"block store snapshot {snap_path}: {exc}") from None
+        self._map.install(snap.entries, derived=False)
+        lsn, seq, user, good_end = self._replay(log_path, gen, snap.lsn, snap.seq)
+        try:
+            self._map.rebuild_free()
+        except FormatError as exc:
+            raise CorruptionError(f"block store {snap_path} + {log_path}: {exc}") from None
+        if self._map.high > self._capacity:
+            raise CorruptionError(
+                f"block store data file {self._data_path}: the map points at block {self._map.high - 1} "
+                f"but the file holds {self._capacity} blocks")
+        self._lsn = self._synced_lsn = lsn
+        self._seq, self._user = seq, user
+        self._log_fd = os.open(log_path, os.O_RDWR | os.O_CLOEXEC)
+        if os.fstat(self._log_fd).st_size > good_end:
+            log.warning("block store %s: discarding a torn final log record (%d bytes) of an "
+                        "unacknowledged commit", log_path, os.fstat(self._log_fd).st_size - good_end)
+            os.ftruncate(self._log_fd, good_end)
+            os.fsync(self._log_fd)
+        self._log_end = good_end
+        self._remove_stale(gen)
+
+    def _replay(self, log_path: str, gen: int, lsn: int, seq: int) -> tuple[int, int, list, int]:
+        """Apply the log records after the snapshot; returns (lsn, seq, the caller's records
+        as (seq, offset, size), end of the good records)."""
+        user: list[tuple[int, int, int]] = []
+        try:
+            with open(log_path, "rb") as f:
+                magic, g = LOG_HEAD.unpack(f.read(LOG_HEAD.size).ljust(LOG_HEAD.size, b"\0"))
+                if magic != LOG_MAGIC or g != gen:
+                    raise FormatError(f"bad header (magic {magic!r}, generation {g}, expected {gen})")
+                records, good_end = read_log(f, LOG_HEAD.size, lsn + 1, self.record_size)
+        except FileNotFoundError:
+            raise CorruptionError(f"block store log {log_path} is missing") from None
+        except FormatError as exc:
+            raise CorruptionError(f"block store log {log_path}: {exc}") from None
+        for rec in records:
+            if rec.lsn != lsn + 1:
+                raise CorruptionError(f"block store log {log_path}: record {lsn + 1} is missing "
+                                      f"(the next one is {rec.lsn})")
+            self._map.install(rec.entries, derived=False)
+            lsn = rec.lsn
+            if rec.seq:
+                user.append((rec.seq, rec.offset, rec.size))
+                seq = max(seq, rec.seq)
+        self._map.refresh_derived()
+        return lsn, seq, user, good_end
+
+    def _init_files(self) -> None:
+        """A new store: an empty log, then the first snapshot (its presence marks the store)."""
+        with open(self._file("log.0"), "wb") as f:
+            f.write(LOG_HEAD.pack(LOG_MAGIC, 0))
+            f.flush()
+            os.fsync(f.fileno())
+        write_atomic(self._file("map.0"), encode_snapshot(0, 0, 0, self.record_size, {}))
+
+    def _remove_stale(self, gen: int) -> None:
+        """Files of other generations (a crash inside ``truncate_log``) and temporaries."""
+        for name in os.listdir(self.path):
+            stem, _, suffix = name.partition(".")
+            if name.endswith(".tmp") or (stem in ("map", "log") and suffix.isdigit() and int(suffix) != gen):
+                os.unlink(self._file(name))
+
+    def _scheduler(self, engine: str | None) -> tuple[IOScheduler, str]:
+        if engine is None:
+            engine = "preadv" if os.environ.get("VINDEX_NO_URING") == "1" else "auto"
+        if engine not in ("auto", "io_uring", "preadv"):
+            raise ValueError(f"engine: expected 'io_uring', 'preadv' or None, got {engine!r}")
+        if engine != "preadv":
+            try:
+                return RingScheduler(self.mode), "io_uring"
+            except OSError as exc:
+                if engine == "io_uring":
+                    raise
+                log.info("block store %s: io_uring unavailable (%s); using preadv workers", self.path, exc)
+        return IOScheduler(self.mode), "preadv"
+
+    # --- reads --------------------------------------------------------------------------------
+    def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,
+             tenant: str = "default") -> PostingBatch:
+        """Read postings ``pids`` in one request of class ``io`` (see ``PostingStore.read``)."""
+        self._check_open()
+        pids = np.asarray(pids, dtype=np.int64).reshape(-1)
+        ticket = self._tickets.begin()  # before the lookups: blocks we see stay ours until end()
+        try:
+            get = self._map.get
+            entries = [get(p) for p in pids.tolist()]
+            counts = np.array([0 if e is None else e[0].shape[0] for e in entries], dtype=np.int64)
+            recs = np.array([0 if e is None else e[1] for e in entries], dtype=np.int64)
+            total = int(counts.sum())
+            buf = self._buffers.get(total * BLOCK)
+            if total:
+                blocks = np.concatenate([e[0] for e in entries if e is not None])
+                self._read_blocks(blocks, buf, io, deadline=deadline, tenant=tenant)
+        finally:
+            self._tickets.end(ticket)
+        data, offsets = self._compact(buf, counts, recs)
+        with self._stats_lock:
+            self.reads += pids.shape[0]
+            self.read_bytes += data.shape[0]
+            self._by_class[io.value] += 1
+        return PostingBatch(data, offsets)
+
+    def _read_blocks(self, blocks: np.ndarray, buf: _Aligned, io: IOClass, *,
+                     deadline: float | None = None, tenant: str = "default") -> None:
+        """Read ``blocks`` into ``buf`` in order: one I/O per run of consecutive blocks."""
+        starts, lens = runs(blocks)
+        b = blocks.astype(np.int64)
+        table = np.stack([b[starts] * BLOCK, starts * BLOCK, lens * BLOCK], axis=1)
+        prio = CLASS_IOPRIO[io] if self.mode == "sla" else None
+        try:
+            self._sched.run(io, ReadJob(self._fd, buf, table, prio), tenant=tenant, deadline=deadline)
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise _failed(exc, f"block store {self._data_path}", "reading") from None
+        if not self.direct:
+            self._advise(table[:, 0], table[:, 2])
+
+    def _compact(self, buf: _Aligned, counts: np.ndarray, recs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Squeeze the tail-block slack out of the blocks read, in place: each posting moves
+        down to where the previous one's records end (never over bytes not yet moved)."""
+        nbytes = recs * self.record_size
+        src = (np.cumsum(counts) - counts) * BLOCK
+        dst = np.cumsum(nbytes) - nbytes
+        base = buf.address
+        for i in np.flatnonzero((src != dst) & (nbytes > 0)).tolist():
+            ctypes.memmove(base + int(dst[i]), base + int(src[i]), int(nbytes[i]))
+        offsets = np.zeros(recs.shape[0] + 1, dtype=np.int64)
+        np.cumsum(recs, out=offsets[1:])
+        return buf.arr[: int(nbytes.sum())], offsets
+
+    def _advise(self, offsets: np.ndarray, lengths: np.ndarray) -> None:
+        """Without O_DIRECT: drop these ranges from the page cache (no hidden cache)."""
+        for off, n in zip(offsets.tolist(), lengths.tolist()):
+            os.posix_fadvise(self._fd, off, n, os.POSIX_FADV_DONTNEED)
+
+    # --- commits ------------------------------------------------------------------------------
+    def commit(self, change: Change, io: IOClass) -> int:
+        """Apply ``change`` atomically; returns its log sequence number (0 without a log)."""
+        with self._write_lock:
+            self._check_open()
+            work, released = self._plan(change)
+            if not work and change.log is None:
+                return 0
+            if any(w.tail >= 0 for w in work.values()):
+                self._read_tails(work, io)
+            self._reclaim()
+            chosen = self._allocate([blocks_for(sum(len(p) for p in w.pieces)) for w in work.values()])
+            self._write(list(work.values()), chosen)
+            entries: Entries = {}
+            for (pid, w), new in zip(work.items(), chosen):
+                entries[pid] = (np.concatenate((w.kept, new)), w.records) if w.records else None
+            seq = self._seq + 1 if change.log is not None else 0
+            rec = encode_record(self._lsn + 1, seq, entries, change.log)
+            offset = self._append_log(rec)
+            # the commit is in the log: from here on nothing may fail
+            self._lsn += 1
+            if seq:
+                self._seq = seq
+                self._user.append((seq, offset, len(rec)))
+            self._apply(entries, np.concatenate(chosen) if chosen else EMPTY, released)
+            return seq
+
+    def _plan(self, change: Change) -> tuple[dict[int, _Rewrite], np.ndarray]:
+        """What ``change`` rewrites, in the order drops, replaces, appends (as rocks applies
+        them), and the blocks it releases."""
+        rs = self.record_size
+        work: dict[int, _Rewrite] = {}
+        released: list[np.ndarray] = []
+
+        def fresh(pid: int, records: int, data: bytes | None) -> None:
+            if pid not in work:
+                e = self._map.get(pid)
+                if e is not None:
+                    released.append(e[0])
+            work[pid] = _Rewrite(EMPTY, records, [] if data is None else [data])
+
+        for pid in change.drops:
+            if int(pid) not in work:
+                fresh(int(pid), 0, None)
+        for pid, data in change.replaces.items():
+            fresh(int(pid), self._records(data), data)
+        for pid, data in change.appends.items():
+            pid, n = int(pid), self._records(data)
+            if n == 0:
+                continue
+            w = work.get(pid)
+            if w is not None:
+                w.pieces.append(data)
+                w.records += n
+                continue
+            e = self._map.get(pid)
+            if e is None:
+                work[pid] = _Rewrite(EMPTY, n, [data])
+                continue
+            blocks, r = e
+            tail = (r * rs) % BLOCK
+            if tail:  # the partly filled tail moves, with the new records, to new blocks
+                released.append(blocks[-1:])
+                work[pid] = _Rewrite(blocks[:-1], r + n, [data], int(blocks[-1]), tail)
+            else:
+                work[pid] = _Rewrite(blocks, r + n, [data])
+        return work, (np.concatenate(released) if released else EMPTY)
+
+    def _records(self, data: bytes) -> int:
+        if len(data) % self.record_size:
+            raise ValueError(f"expected whole {self.record_size}-byte records, got {len(data)} bytes")
+        return len(data) // self.record_size
+
+    def _read_tails(self, work: dict[int, _Rewrite], io: IOClass) -> None:
+        """Read the tail blocks that appends rewrite (one request) and prefix their bytes."""
+        tails = [w for w in work.values() if w.tail >= 0]
+        if self._tbuf.size < len(tails) * BLOCK:  # not the thread's read buffer: a caller may hold a result
+            self._tbuf = _Aligned(len(tails) * BLOCK)
+        buf = self._tbuf
+        self._read_blocks(np.array([w.tail for w in tails], dtype=np.uint32), buf, io)
+        for i, w in enumerate(tails):
+            w.pieces.insert(0, bytes(buf.arr[i * BLOCK:i * BLOCK + w.tail_bytes]))
+
+    def _reclaim(self) -> int:
+        return self._map.reclaim(self._synced_lsn, self._tickets.drained)
+
+    def _allocate(self, sizes: list[int]) -> list[np.ndarray]:
+        """Blocks for postings of ``sizes`` blocks; the file grows to hold them. If it would
+        grow while many released blocks wait only for an fsync, sync first and reuse them."""
+        chosen = self._map.allocate(sizes)
+        top = max((int(c.max()) + 1 for c in chosen if c.shape[0]), default=0)
+        if top > self._map.high and self._map.limbo_blocks >= max(SYNC_TO_REUSE, self._map.high // 8):
+            self._sync()
+            if self._reclaim():
+                chosen = self._map.allocate(sizes)
+                top = max((int(c.max()) + 1 for c in chosen if c.shape[0]), default=0)
+        self._ensure_capacity(top)
+        return chosen
+
+    def _ensure_capacity(self, blocks: int) -> None:
+        if blocks <= self._capacity:
+            return
+        new = max(blocks, self._capacity + max(GROW_MIN_BLOCKS, self._capacity // 8))
+        try:
+            try:
+                os.posix_fallocate(self._fd, self._capacity * BLOCK, (new - self._capacity) * BLOCK)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                os.ftruncate(self._fd, new * BLOCK)
+            os.fsync(self._fd)  # the new size is durable before any log record points past the old one
+        except OSError as exc:
+            raise _failed(exc, f"block store {self._data_path}", "growing the file") from None
+        self._capacity = new
+
+    def _write(self, work: list[_Rewrite], chosen: list[np.ndarray]) -> None:
+        """Write the new bytes of each posting to its chosen blocks (O_DIRECT, one pwrite per
+        run of consecutive blocks)."""
+        total = sum(c.shape[0] for c in chosen)
+        if total == 0:
+            return
+        buf = self._write_buffer(total * BLOCK)
+        pos = 0
+        for w, c in zip(work, chosen):
+            for piece in w.pieces:
+                n = len(piece)
+                buf.arr[pos:pos + n] = np.frombuffer(piece, dtype=np.uint8)
+                pos += n
+            end = -(-pos // BLOCK) * BLOCK
+            buf.arr[pos:end] = 0
+            pos = end
+        self._pwrite_blocks(np.concatenate(chosen), buf)
+
+    def _write_buffer(self, size: int) -> _Aligned:
+        if self._wbuf.size < size:
+            self._wbuf = _Aligned(max(size, 2 * self._wbuf.size))
+        return self._wbuf
+
+    def _pwrite_blocks(self, blocks: np.ndarray, buf: _Aligned) -> None:
+        starts, lens = runs(blocks)
+        b = blocks.astype(np.int64)
+        try:
+            for s, n in zip(starts.tolist(), lens.tolist()):
+                pos, off, size = s * BLOCK, int(b[s]) * BLOCK, n * BLOCK
+                done = 0
+                while done < size:
+                    done += _pwrite(self._fd, buf.mv[pos + done:pos + size], off + done)
+                if not self.direct:
+                    os.posix_fadvise(self._fd, off, size, os.POSIX_FADV_DONTNEED)
+        except OSError as exc:
+            raise _failed(exc, f"block store {self._data_path}", "writing postings") from None
+        self._data_dirty = True
+
+    def _append_log(self, rec: bytes) -> int:
+        """Append one record to the log (buffered: durable against a process crash once this
+        returns). On failure the log is cut back, so no torn record is left before later ones."""
+        off = self._log_end
+        view = memoryview(rec)
+        try:
+            done = 0
+            while done < len(rec):
+                done += _pwrite(self._log_fd, view[done:], off + done)
+        except OSError as exc:
+            try:
+                os.ftruncate(self._log_fd, off)
+            except OSError:
+                pass  # the next record overwrites it; a leftover tail reads as a torn write
+            where = f"block store log {self._file(f'log.{self._gen}')}"
+            raise _failed(exc, where, "appending a commit") from None
+        self._log_end = off + len(rec)
+        return off
+
+    def _apply(self, entries: Entries, taken: np.ndarray, released: np.ndarray) -> None:
+        """Install a durable commit in memory: new entries first, then the ticket boundary, so
+        a read that can still hold a released block has a ticket below it."""
+        self._map.take(taken)
+        self._map.install(entries)
+        self._map.release(released, self._lsn, self._tickets.now())
+
+    def bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray,
+                  io: IOClass = IOClass.BACKGROUND) -> None:
+        """Write fresh postings (index build); durable on return (data fdatasync'ed, then a
+        new map snapshot)."""
+        rs = self.record_size
+        raw = np.ascontiguousarray(records).view(np.uint8).reshape(-1)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        pids = [int(p) for p in np.asarray(pids).tolist()]
+        counts = np.diff(offsets)
+        with self._write_lock:
+            self._check_open()
+            self._reclaim()
+            chosen = self._allocate([blocks_for(int(n) * rs) for n in counts.tolist()])
+            lo = 0
+            while lo < len(pids):  # a buffer's worth of postings per write
+                hi, size = lo, 0
+                while hi < len(pids) and (hi == lo or size + chosen[hi].shape[0] * BLOCK <= WRITE_CHUNK):
+                    size += chosen[hi].shape[0] * BLOCK
+                    hi += 1
+                pieces = [_Rewrite(EMPTY, int(counts[i]), [raw[offsets[i] * rs:offsets[i + 1] * rs]])
+                          for i in range(lo, hi)]
+                self._write(pieces, chosen[lo:hi])
+                lo = hi
+            entries: Entries = {pid: ((c, int(n)) if n else None)
+                                for pid, c, n in zip(pids, chosen, counts.tolist())}
+            old = [e[0] for p in pids if (e := self._map.get(p)) is not None]
+            with self._sync_lock:
+                self._rotate(keep_above=-1, overlay=entries)
+            self._apply(entries, np.concatenate(chosen) if chosen else EMPTY,
+                        np.concatenate(old) if old else EMPTY)
+
+    # --- the log ------------------------------------------------------------------------------
+    def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
+        """The caller's log records with sequence number > ``seq``, in order."""
+        with self._write_lock:
+            self._check_open()
+            todo = [u for u in self._user if u[0] > seq]
+            fd = os.dup(self._log_fd)  # stays readable even if truncate_log swaps the log
+            path = self._file(f"log.{self._gen}")
+        return self._iter_log(fd, path, todo)
+
+    def _iter_log(self, fd: int, path: str, todo: list) -> Iterator[tuple[int, bytes]]:
+        try:
+            for seq, offset, size in todo:
+                yield seq, self._read_record(fd, path, offset, size).log
+        finally:
+            os.close(fd)
+
+    def _read_record(self, fd: int, path: str, offset: int, size: int):
+        data = os.pread(fd, size, offset)
+        try:
+            if len(data) != size or zlib.crc32(data[8:]) != int.from_bytes(data[4:8], "little"):
+                raise FormatError(f"record at offset {offset} fails its checksum")
+            return decode_payload(data[8:], self.record_size)
+        except FormatError as exc:
+            raise CorruptionError(f"block store log {path}: {exc}") from None
+
+    def continue_after(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> None:
+        with self._write_lock:
+            self._seq = max(self._seq, seq)
+
+    def truncate_log(self, upto: int, io: IOClass = IOClass.BACKGROUND) -> None:
+        """Drop the caller's records <= ``upto``: a new snapshot covering every commit, and a
+        new log generation holding only the records kept."""
+        with self._write_lock, self._sync_lock:
+            self._check_open()
+            self._rotate(keep_above=upto)
+
+    def _rotate(self, keep_above: int, overlay: Entries | None = None) -> None:
+        """Start generation ``gen + 1``: its log (copies of the caller's records above
+        ``keep_above``) fsynced, the data fdatasync'ed, then the snapshot of the map (plus
+        ``overlay``) renamed into place, which is the switch. Holds both locks."""
+        gen, old_gen = self._gen + 1, self._gen
+        log_path = self._file(f"log.{gen}")
+        parts, user, pos, lsn = [LOG_HEAD.pack(LOG_MAGIC, gen)], [], LOG_HEAD.size, self._lsn
+        old_log = self._file(f"log.{old_gen}")
+        for seq, offset, size in self._user:
+            if seq > keep_above:
+                lsn += 1
+                rec = encode_record(lsn, seq, {}, self._read_record(self._log_fd, old_log, offset, size).log)
+                parts.append(rec)
+                user.append((seq, pos, len(rec)))
+                pos += len(rec)
+        entries = self._map.entries()
+        entries.update(overlay or {})
+        entries = {p: e for p, e in entries.items() if e is not None}
+        try:
+            with open(log_path, "wb") as f:
+                f.write(b"".join(parts))
+                f.flush()
+                os.fsync(f.fileno())
+            os.fdatasync(self._fd)
+            write_atomic(self._file(f"map.{gen}"),
+                         encode_snapshot(gen, self._lsn, self._seq, self.record_size, entries))
+        except OSError as exc:
+            for leftover in (log_path, self._file(f"map.{gen}.tmp")):
+                try:
+                    os.unlink(leftover)
+                except OSError:
+                    pass
+            raise _failed(exc, f"block store {self.path}", f"writing map snapshot {gen}") from None
+        # switched: the new generation is the store now
+        new_fd = os.open(log_path, os.O_RDWR | os.O_CLOEXEC)
+        os.close(self._log_fd)
+        self._log_fd, self._log_end, self._gen = new_fd, pos, gen
+        self._lsn = self._synced_lsn = lsn
+        self._user = user
+        self._data_dirty = False
+        for name in (f"map.{old_gen}", f"log.{old_gen}"):
+            try:
+                os.unlink(self._file(name))
+            except OSError:
+                pass  # removed at the next open
+        fsync_dir(self.path)
+
+    def sync(self, io: IOClass = IOClass.UPDATE) -> None:
+        """Make every committed change durable against power loss."""
+        self._check_open()
+        self._sync()
+
+    def _sync(self) -> None:
+        with self._sync_lock:
+            lsn = self._lsn  # records up to here are in the log already
+            dirty, self._data_dirty = self._data_dirty, False
+            try:
+                if dirty:
+                    os.fdatasync(self._fd)  # O_DIRECT data may sit in the disk's write cache
+                os.fsync(self._log_fd)
+            except OSError as exc:
+                self._data_dirty = self._data_dirty or dirty
+                raise _failed(exc, f"block store {self.path}", "syncing") from None
+            self._synced_lsn = max(self._synced_lsn, lsn)
+
+    # --- bookkeeping --------------------------------------------------------------------------
+    def lengths(self) -> np.ndarray:
+        return self._map.lengths.array()
+
+    def fragments(self, pids: np.ndarray) -> np.ndarray:
+        """Runs of consecutive blocks per posting: a read pays one I/O per run."""
+        runs_ = self._map.runs.array()
+        pids = np.asarray(pids, dtype=np.int64)
+        return np.where(pids < runs_.shape[0], runs_[np.minimum(pids, runs_.shape[0] - 1)], 0)
+
+    def stats(self) -> dict:
+        m = self._map
+        with self._stats_lock:
+            reads, read_bytes, by_class = self.reads, self.read_bytes, dict(self._by_class)
+        return {
+            "kind": "blocks", "engine": self.engine, "io_scheduler": self.mode, "direct_io": self.direct,
+            "disk": self.disk, "disk_scheduler": self.disk_scheduler,
+            "file_bytes": self._capacity * BLOCK, "postings": len(m), "blocks_used": m.used_blocks,
+            "blocks_free": int(m.free.shape[0]) + max(0, self._capacity - m.high),
+            "blocks_held": m.limbo_blocks, "log_bytes": self._log_end, "seq": self._seq,
+            "reads": reads, "read_bytes": read_bytes, "reads_by_class": by_class,
+            "queues": self._sched.stats(),
+        }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(errno.EBADF, f"block store {self.path} is closed")
+
+    def close(self) -> None:
+        """Stop the I/O threads, fsync, release the files; reopening works at once."""
+        if self._closed:
+            return
+        with self._write_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._sched.close()
+                self._sync()
+            finally:
+                self._release_files()
+
+    def _release_files(self) -> None:
+        for name in ("_fd", "_log_fd", "_lock_fd"):
+            fd = getattr(self, name, -1)
+            if fd >= 0:
+                os.close(fd)  # closing the LOCK fd releases the flock
+                setattr(self, name, -1)
