@@ -275,7 +275,7 @@ class IOScheduler:
                 free = self.bucket.take(cost, now)
             if free:
                 self._admit(tenant, cost, now)
-                if deadline is not None and deadline < now:
+                if io == IOClass.INTERACTIVE and deadline is not None and deadline < now:
                     self.queues.dropped[io] += 1
                     raise DeadlineExpired(f"{io.value} request dropped: its deadline passed before it ran")
                 self._busy[key] += 1
@@ -294,7 +294,8 @@ class IOScheduler:
             self.completed[io] += 1
             if io == IOClass.INTERACTIVE:
                 self.aimd.observe(done - submitted, done)
-            self._cv.notify_all()
+            if self.queues.queued():  # a freed slot matters only to a worker with work waiting
+                self._cv.notify_all()
 
     def _work(self, io: IOClass | None) -> None:
         while True:
