@@ -14,7 +14,7 @@ import importlib
 
 from .metrics import IP, L2
 
-_SUBMODULES = ("distances", "graph", "heap", "idhash", "kmeans", "lire", "prefetch", "replicas", "scan")
+_SUBMODULES = ("checksum", "distances", "graph", "heap", "idhash", "kmeans", "lire", "prefetch", "replicas", "scan")
 
 
 def __getattr__(name: str):
@@ -89,3 +89,8 @@ def warmup() -> None:
     idhash.insert(np.full(32, -1, dtype=np.int32), vid2ext, np.arange(8, dtype=np.int64))
     idhash.lookup(table, vid2ext, np.arange(10, dtype=np.int64))
     _ = pids, q_ptr, q_idx
+    from . import checksum
+
+    block, sums = np.zeros(checksum.BLOCK, np.uint8), np.empty(1, np.uint32)
+    checksum.block_sums(block, 1, sums)
+    checksum.first_bad(block, sums)

@@ -238,3 +238,105 @@ def test_idhash_lookup_insert_rebuild():
     idhash.rebuild(table2, vid2ext, 3000)
     assert idhash.lookup(table2, vid2ext, exts).tolist() == list(range(3000))
     assert (idhash.lookup(table2, vid2ext, np.array([10**12 + 5], np.int64)) == -1).all()
+
+
+# --- block checksums (native.checksum) ---------------------------------------------------------------
+def _checksum_ref(block: np.ndarray) -> int:
+    """The checksum formula of native/checksum.py's docstring, in numpy and Python ints."""
+    from native import checksum
+
+    w = block.view("<u8")
+    j = np.arange(1, 513, dtype=np.uint64)
+    x = w ^ (j * checksum._K2)                        # uint64 arrays wrap silently
+    y = (x ^ (x >> np.uint64(31))) * checksum._K1
+    h = int((y ^ (y >> np.uint64(29))).sum(dtype=np.uint64))
+    mask = (1 << 64) - 1
+    h = ((h ^ (h >> 30)) * int(checksum._M1)) & mask
+    h = ((h ^ (h >> 27)) * int(checksum._M2)) & mask
+    return (h ^ (h >> 31)) >> 32
+
+
+def _sums(buf: np.ndarray) -> np.ndarray:
+    from native import checksum
+
+    flat = np.ascontiguousarray(buf).reshape(-1)
+    out = np.empty(flat.shape[0] // 4096, np.uint32)
+    checksum.block_sums(flat, out.shape[0], out)
+    return out
+
+
+def test_block_sums_match_the_formula():
+    rng = np.random.default_rng(11)
+    buf = rng.integers(0, 256, (5, 4096), dtype=np.uint8)
+    buf[3] = 0
+    got = _sums(buf)
+    assert got.tolist() == [_checksum_ref(buf[i]) for i in range(5)]
+    assert len(set(got.tolist())) == 5
+
+
+def test_block_checksum_detects_every_single_bit_flip():
+    from native import checksum
+
+    rng = np.random.default_rng(12)
+    block = rng.standard_normal(1024).astype(np.float32).view(np.uint8).copy()
+    want = _sums(block)
+    out = np.empty(1, np.uint32)
+    for byte in range(4096):
+        for bit in range(8):
+            block[byte] ^= 1 << bit
+            checksum.block_sums(block, 1, out)
+            block[byte] ^= 1 << bit
+            assert out[0] != want[0], (byte, bit)
+    assert checksum.first_bad(block, want) == -1
+
+
+def test_block_checksum_detects_patterns_a_plain_multiply_sum_misses():
+    """The same bit flipped in two words (a multiply-only term changes just its top bits for
+    a bit-63 flip, e.g. a float sign, so two such flips cancelled half the time), words
+    swapped, a zeroed sector or block: all change the checksum."""
+    rng = np.random.default_rng(13)
+    block = rng.standard_normal(1024).astype(np.float32).view(np.uint8).copy()
+    want = _sums(block)[0]
+    w = block.view(np.uint64)
+    flips = swaps = 0
+    for a, b in rng.integers(0, 512, (300, 2)).tolist():
+        if a == b:
+            continue
+        for bit in (63, 31, 0, int(rng.integers(0, 64))):
+            damaged = w.copy()
+            damaged[[a, b]] ^= np.uint64(1) << np.uint64(bit)
+            assert _sums(damaged.view(np.uint8))[0] != want, (a, b, bit)
+            flips += 1
+        if w[a] != w[b]:
+            swapped = w.copy()
+            swapped[[a, b]] = swapped[[b, a]]
+            assert _sums(swapped.view(np.uint8))[0] != want, (a, b)
+            swaps += 1
+    assert flips > 1000 and swaps > 250
+    for sector in range(8):
+        damaged = block.copy()
+        damaged[sector * 512:(sector + 1) * 512] = 0
+        assert _sums(damaged)[0] != want
+    assert _sums(np.zeros(4096, np.uint8))[0] != want
+
+
+def test_first_bad_finds_the_first_damaged_or_swapped_block():
+    from native import checksum
+
+    rng = np.random.default_rng(14)
+    buf = rng.integers(0, 256, (6, 4096), dtype=np.uint8)
+    sums = _sums(buf)
+    flat = buf.reshape(-1)
+    assert checksum.first_bad(flat, sums) == -1
+    for order, first in (([0, 2, 1, 3, 4, 5], 1), ([0, 1, 2, 3, 5, 4], 4)):  # blocks swapped
+        assert checksum.first_bad(buf[order].reshape(-1), sums) == first
+    damaged = buf.copy()
+    damaged[2, 100] ^= 0x10
+    damaged[3] = 0
+    assert checksum.first_bad(damaged.reshape(-1), sums) == 2
+    assert checksum.first_bad(flat[: 2 * 4096], sums[:2]) == -1  # a prefix
+    assert checksum.first_bad(flat[:0], sums[:0]) == -1
+    with pytest.raises(ValueError, match="shorter"):
+        checksum.first_bad(flat[:4096], sums)
+    with pytest.raises(ValueError, match="shorter"):
+        checksum.block_sums(flat, 6, np.empty(2, np.uint32))

@@ -21,7 +21,7 @@ def _ops(rec: oplog.Record) -> int:
 
 
 #: The smallest share of wall time foreground writes get under ``io_scheduler="sla"``.
-UPDATE_DUTY_FLOOR = 0.5
+UPDATE_DUTY_FLOOR = 0.7
 
 
 class Engine:
@@ -46,7 +46,7 @@ class Engine:
         self.group = GroupSync(lambda: self.store.sync(), lambda: self.seq)
         target = self.config.interactive_p99_ms / 1000
         self.pacer = BackgroundPacer(self.config.io_scheduler, target)
-        # Foreground writes are paced too, but never below half of the time: an ingest still
+        # Foreground writes are paced too, but never below 70% of the time: an ingest still
         # progresses while searches miss their target.
         self.update_pacer = BackgroundPacer(self.config.io_scheduler, target, floor=UPDATE_DUTY_FLOOR)
 

@@ -351,7 +351,7 @@ class Index:
 
     def _pace_writes(self, started: float) -> None:
         """Under ``io_scheduler="sla"``, foreground writes get a share of wall time that
-        shrinks (to half at least) while small searches miss their p99 target: the writer
+        shrinks (to 70% at least) while small searches miss their p99 target: the writer
         pauses here, GIL released, once it has used its share."""
         pause = self._engine.update_pacer.charge(time.perf_counter() - started)
         if pause > 0:

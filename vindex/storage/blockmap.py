@@ -4,20 +4,22 @@ map snapshot and log records. Pure: no file I/O here, so every rule is tested in
 A posting's records are stored back to back in its blocks, in order; a record may straddle
 two blocks, and only the posting's last block (its *tail*) may be partly filled. So the bytes
 of a posting are its blocks concatenated, cut at ``records * record_size``, and a posting of
-``b`` bytes always has ``ceil(b / BLOCK)`` blocks.
+``b`` bytes always has ``ceil(b / BLOCK)`` blocks. Every block has a 32-bit checksum of its
+4096 bytes, slack included (``native.checksum``), kept beside its block id and checked by
+every read.
 
-Copy-on-write: an entry ``(blocks, records)`` is an immutable pair replaced as a whole, so a
-reader that looked it up keeps a consistent list while writers install new ones. Blocks a
-commit releases wait in *limbo* until (a) that commit is durable (its log record fsynced) and
-(b) every read that began before the release has ended; only then are they reused.
+Copy-on-write: an entry ``(blocks, records, sums)`` is an immutable triple replaced as a
+whole, so a reader that looked it up keeps a consistent list while writers install new ones.
+Blocks a commit releases wait in *limbo* until (a) that commit is durable (its log record
+fsynced) and (b) every read that began before the release has ended; only then are they reused.
 
 Entry arrays (shared by snapshots and log records), little-endian, 8-byte aligned::
 
-    pids i64[n] | records i64[n] | counts u32[n] | blocks u32[sum(counts)]
+    pids i64[n] | records i64[n] | counts u32[n] | blocks u32[sum(counts)] | sums u32[sum(counts)]
 
 An entry with ``records == 0`` (and no blocks) removes the posting.
 
-Log record::
+Log (``log.<gen>``): ``b"VXBLOG02" | u64 gen``, then one record per commit::
 
     u32 payload length | u32 crc32(payload) | payload
     payload = u64 lsn | u64 seq | u32 n | u32 m | u32 log length | u32 0 | entry arrays | log bytes
@@ -25,8 +27,10 @@ Log record::
 ``lsn`` numbers every record (gapless); ``seq`` is the caller's log sequence number, 0 for a
 commit without a log record. Snapshot::
 
-    b"VXBMAP01" | u64 gen | u64 lsn | u64 seq | u32 record size | u32 0 | u64 n | u64 m
+    b"VXBMAP02" | u64 gen | u64 lsn | u64 seq | u32 record size | u32 0 | u64 n | u64 m
     | entry arrays | u32 crc32(everything before)
+
+Format 02 added the block checksums; files of format 01 are refused (``OLD_FORMAT``).
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ import struct
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, NamedTuple
 
 import numpy as np
 
@@ -46,13 +50,26 @@ EMPTY = np.empty(0, dtype=np.uint32)
 _REC_HEAD = struct.Struct("<II")          # payload length, crc32
 _PAYLOAD_HEAD = struct.Struct("<QQIIII")  # lsn, seq, n, m, log length, pad
 _SNAP_HEAD = struct.Struct("<8sQQQIIQQ")  # magic, gen, lsn, seq, record size, pad, n, m
-SNAP_MAGIC = b"VXBMAP01"
-LOG_MAGIC = b"VXBLOG01"
+SNAP_MAGIC = b"VXBMAP02"
+LOG_MAGIC = b"VXBLOG02"
+#: Magics of earlier formats, refused with this explanation.
+OLD_MAGICS = (b"VXBMAP01", b"VXBLOG01")
+OLD_FORMAT = ("format 01, written before data blocks had checksums; this version reads format 02 "
+              "only: rebuild the index")
 LOG_HEAD = struct.Struct("<8sQ")          # magic, gen
 #: Largest payload a log record may claim; a bigger length field is damage, not a record.
 MAX_RECORD = 1 << 34
 
-Entry = tuple  # (blocks: uint32 array, records: int)
+
+class Entry(NamedTuple):
+    """A posting's blocks (uint32 ids, in order), its record count, and the checksum of each
+    block (uint32, ``native.checksum``)."""
+
+    blocks: np.ndarray
+    records: int
+    sums: np.ndarray
+
+
 Entries = dict  # pid -> Entry, or None to remove the posting
 
 
@@ -79,22 +96,27 @@ def encode_entries(entries: Entries) -> tuple[int, int, bytes]:
     """``(n, m, bytes)`` of the entry arrays for ``entries``."""
     pids = np.fromiter(entries.keys(), dtype="<i8", count=len(entries))
     recs = np.array([0 if e is None else e[1] for e in entries.values()], dtype="<i8")
-    lists = [EMPTY if e is None else e[0] for e in entries.values()]
+    lists = [EMPTY if e is None else e.blocks for e in entries.values()]
+    sums = [EMPTY if e is None else e.sums for e in entries.values()]
+    if any(s.shape != b.shape for s, b in zip(sums, lists)):
+        raise ValueError("every block needs exactly one checksum")
     counts = np.array([b.shape[0] for b in lists], dtype="<u4")
     blocks = np.concatenate(lists).astype("<u4") if lists else EMPTY
-    body = pids.tobytes() + recs.tobytes() + counts.tobytes() + blocks.tobytes()
+    sums_ = np.concatenate(sums).astype("<u4") if sums else EMPTY
+    body = pids.tobytes() + recs.tobytes() + counts.tobytes() + blocks.tobytes() + sums_.tobytes()
     return pids.shape[0], blocks.shape[0], body
 
 
 def decode_entries(buf: memoryview, pos: int, n: int, m: int, record_size: int) -> tuple[Entries, int]:
     """Entries from the arrays at ``buf[pos:]``; returns them and the position after."""
-    end = pos + 20 * n + 4 * m
+    end = pos + 20 * n + 8 * m
     if end > len(buf):
         raise FormatError(f"entry arrays run past the end ({end} > {len(buf)} bytes)")
     pids = np.frombuffer(buf, "<i8", n, pos)
     recs = np.frombuffer(buf, "<i8", n, pos + 8 * n)
     counts = np.frombuffer(buf, "<u4", n, pos + 16 * n).astype(np.int64)
     blocks = np.frombuffer(buf, "<u4", m, pos + 20 * n).astype(np.uint32)
+    sums = np.frombuffer(buf, "<u4", m, pos + 20 * n + 4 * m).astype(np.uint32)
     if counts.sum() != m or (pids < 0).any() or (recs < 0).any():
         raise FormatError("entry arrays are inconsistent")
     if (counts != -(-(recs * record_size) // BLOCK)).any():
@@ -102,7 +124,7 @@ def decode_entries(buf: memoryview, pos: int, n: int, m: int, record_size: int) 
     ends = np.cumsum(counts)
     out: Entries = {}
     for pid, r, lo, hi in zip(pids.tolist(), recs.tolist(), (ends - counts).tolist(), ends.tolist()):
-        out[pid] = (blocks[lo:hi], r) if r else None
+        out[pid] = Entry(blocks[lo:hi], r, sums[lo:hi]) if r else None
     return out, end
 
 
@@ -207,6 +229,8 @@ def decode_snapshot(data: bytes, record_size: int) -> Snapshot:
     if zlib.crc32(memoryview(data)[:-4]) != struct.unpack_from("<I", data, len(data) - 4)[0]:
         raise FormatError("snapshot fails its checksum")
     magic, gen, lsn, seq, rs, _, n, m = _SNAP_HEAD.unpack_from(data)
+    if magic in OLD_MAGICS:
+        raise FormatError(f"snapshot of {OLD_FORMAT}")
     if magic != SNAP_MAGIC:
         raise FormatError(f"not a block-store snapshot (magic {magic!r})")
     if rs != record_size:
