@@ -38,6 +38,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = Limits(max_rows=args.max_rows, max_queries=args.max_queries, max_k=args.max_k,
                     max_results=args.max_results,
                     max_concurrent_rpcs=args.max_concurrent_rpcs)
+    if not 0.05 <= args.switch_interval_ms <= 100:
+        raise SystemExit(f"--switch-interval-ms: expected 0.05..100, got {args.switch_interval_ms}")
+    sys.setswitchinterval(args.switch_interval_ms / 1000)
     cfg = ServerConfig(data_dir=args.data, host=args.host, port=args.port, workers=args.workers,
                        limits=limits, sample=None if args.sample == "none" else args.sample,
                        tenants=args.tenants, tls_cert=args.tls_cert, tls_key=args.tls_key,
@@ -197,6 +200,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-client-ca", metavar="FILE",
                    help="PEM CA bundle: require client certificates it signed (mutual TLS)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--switch-interval-ms", type=float, default=1.0,
+                   help="GIL switch interval: how long a thread holding the GIL keeps a waiting search "
+                        "waiting (Python's default 5 ms; 1 ms cut search p99 under ingest, bench.ingest)")
     s.set_defaults(func=cmd_serve)
 
     def client_parser(name: str, help: str) -> argparse.ArgumentParser:
