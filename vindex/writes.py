@@ -145,12 +145,27 @@ def _heads_for_outliers(state: State, x: np.ndarray, heads: np.ndarray, counts: 
         g.alive[pids] = False
         g.n_alive = int(g.alive[: g.n].sum())
 
-    # choose again for the whole batch: rows just inside the threshold belong to the new heads too
-    h, c, _ = select_replicas(state, x, config, pool)
-    heads[:], counts[:] = h, c
+    # Choose again for the rows a new head can enter the choice of: a head farther than
+    # ``replica_eps`` beyond a row's nearest one is never a replica (native.replicas), so
+    # only rows with a new head that close (rows just inside the threshold too) can change.
+    redo = _near_new_heads(x, cents, d1, config.replica_eps)
+    if redo.any():
+        h, c, _ = select_replicas(state, x[redo], config, pool)
+        heads[redo], counts[redo] = h, c
     arrays.update(g_pids=pids, g_vectors=cents, g_alive=np.ones(k, np.bool_), g_radius=radius,
                   g_rows=touched.astype(np.int64), g_row_values=g.nbrs[touched], g_entries=g.entries)
     return undo
+
+
+def _near_new_heads(x: np.ndarray, cents: np.ndarray, d1: np.ndarray, eps: float) -> np.ndarray:
+    """Rows of ``x`` with a head of ``cents`` within the replica rule of their nearest head at
+    squared distance ``d1`` (conservatively: a little float slack, and every row whose nearest
+    head is at distance 0, where the rule takes another reference)."""
+    if not np.isfinite(eps):
+        return np.ones(x.shape[0], dtype=bool)
+    d = ((x * x).sum(axis=1)[:, None] - 2.0 * (x @ cents.T) + (cents * cents).sum(axis=1)[None, :]).min(axis=1)
+    limit = d1 + eps * np.abs(d1)
+    return (d <= limit * (1 + 1e-3) + 1e-6 * np.abs(d).max(initial=0.0)) | (d1 == 0)
 
 
 def plan_delete(state: State, exts: np.ndarray) -> oplog.Record | None:
