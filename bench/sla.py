@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 import vindex
+from vindex.iosched import lower_thread_priority
 
 from . import datasets, measure, report, synthetic
 
@@ -63,12 +64,15 @@ def open_loop(index: vindex.Index, queries: np.ndarray, rate: float, seconds: fl
 class Ingest(threading.Thread):
     """Tenant B: upserts new ids flat out until stopped."""
 
-    def __init__(self, index: vindex.Index, x: np.ndarray, first_id: int, batch: int):
+    def __init__(self, index: vindex.Index, x: np.ndarray, first_id: int, batch: int, low_priority: bool):
         super().__init__(daemon=True)
         self.index, self.x, self.first_id, self.batch = index, x, first_id, batch
+        self.low_priority = low_priority
         self.rows, self.stop_flag = 0, threading.Event()
 
     def run(self) -> None:
+        if self.low_priority:  # as `vindex serve` runs upserts: on its lower-priority pool
+            lower_thread_priority()
         lo = 0
         while not self.stop_flag.is_set() and lo < self.x.shape[0]:
             hi = min(lo + self.batch, self.x.shape[0])
@@ -90,7 +94,7 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
         before = index.stats()
         ingest = None
         if mode != "alone":
-            ingest = Ingest(index, extra, n, args.batch)
+            ingest = Ingest(index, extra, n, args.batch, low_priority=mode == "sla")
             ingest.start()
             time.sleep(args.warmup)
         rows0, t0 = (ingest.rows if ingest else 0), time.perf_counter()

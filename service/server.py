@@ -30,6 +30,7 @@ from grpc_reflection.v1alpha import reflection
 
 import vindex
 from vindex import errors
+from vindex.iosched import lower_thread_priority
 
 from . import vindex_pb2 as pb
 from . import vindex_pb2_grpc as pb_grpc
@@ -191,8 +192,10 @@ def _json_default(o: Any) -> Any:
 
 # --- the servicer -------------------------------------------------------------------------------
 class VectorIndexServicer(pb_grpc.VectorIndexServicer):
-    def __init__(self, collections: Collections, pool: ThreadPoolExecutor, limits: Limits):
+    def __init__(self, collections: Collections, pool: ThreadPoolExecutor, limits: Limits,
+                 update_pool: ThreadPoolExecutor | None = None):
         self.collections, self.pool, self.limits = collections, pool, limits
+        self.update_pool = update_pool or pool  # upserts and deletes
         self.batcher = SearchBatcher(pool, max_running=os.cpu_count() or 1)
         self.ready = False
         self.stopping = False
@@ -201,9 +204,10 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         self.idle.set()
 
     async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[..., Any], *args: Any,
-                    coroutine: Callable[[], Awaitable[Any]] | None = None) -> Any:
-        """Run ``fn`` on the pool (or await ``coroutine()``), answering library errors with
-        their status codes."""
+                    coroutine: Callable[[], Awaitable[Any]] | None = None,
+                    pool: ThreadPoolExecutor | None = None) -> Any:
+        """Run ``fn`` on ``pool`` (default: the pool searches use) or await ``coroutine()``,
+        answering library errors with their status codes."""
         if self.stopping:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         if not self.ready:
@@ -216,7 +220,7 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         try:
             if coroutine is not None:
                 return await coroutine()
-            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(pool or self.pool, fn, *args)
         except errors.VindexError as e:
             code = code_for(e)
             if code == grpc.StatusCode.INTERNAL:
@@ -271,7 +275,8 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         return int(ids.size)
 
     async def Upsert(self, request, context):
-        return pb.UpsertResponse(upserted=await self._call(context, self._upsert, request, request.collection))
+        return pb.UpsertResponse(upserted=await self._call(context, self._upsert, request, request.collection,
+                                                           pool=self.update_pool))
 
     async def UpsertStream(self, request_iterator, context) -> AsyncIterator[pb.UpsertAck]:
         total, name = 0, ""
@@ -279,7 +284,7 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         async for request in request_iterator:
             chunk += 1
             name = request.collection or name
-            n = await self._call(context, self._upsert, request, name)
+            n = await self._call(context, self._upsert, request, name, pool=self.update_pool)
             total += n
             yield pb.UpsertAck(chunk=chunk, upserted=n, total=total)
 
@@ -288,7 +293,7 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
             ids = decode_ids(request.ids, self.limits)
             with self.collections.use(request.collection) as index:
                 return index.delete(ids)
-        return pb.DeleteResponse(deleted=await self._call(context, run))
+        return pb.DeleteResponse(deleted=await self._call(context, run, pool=self.update_pool))
 
     async def Get(self, request, context):
         tenant = self.tenant_of(context)
@@ -415,8 +420,12 @@ class Server:
         self.credentials = server_credentials(config)
         workers = config.workers or 2 * (os.cpu_count() or 1)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vindex-rpc")
+        # Upserts and deletes run on threads of their own at a lower CPU priority, so that on
+        # a machine with few cores an ingest does not take the cores searches need.
+        self.update_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vindex-update",
+                                              initializer=lower_thread_priority)
         self.collections = Collections(config.data_dir)
-        self.servicer = VectorIndexServicer(self.collections, self.pool, config.limits)
+        self.servicer = VectorIndexServicer(self.collections, self.pool, config.limits, self.update_pool)
         self.health = health_aio.HealthServicer()
         self.server = grpc.aio.server(
             options=grpc_options(), maximum_concurrent_rpcs=config.limits.max_concurrent_rpcs,
@@ -496,6 +505,7 @@ class Server:
             pass
         await self.server.stop(max(0.0, deadline - loop.time()))
         await asyncio.get_running_loop().run_in_executor(self.pool, self.collections.close)
+        self.update_pool.shutdown(wait=True)
         self.pool.shutdown(wait=True)
         self._stopped.set()
 

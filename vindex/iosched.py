@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -31,6 +32,23 @@ import numpy as np
 
 from .errors import VindexError
 from .storage.base import IOClass
+
+#: Nice value of threads doing background or bulk-update work under ``sla``: on a machine with
+#: few cores the queue a search waits in is the CPU as much as the disk.
+LOW_PRIORITY_NICE = 10
+
+
+def lower_thread_priority(nice: int = LOW_PRIORITY_NICE) -> bool:
+    """Lower the CPU priority of the calling thread (Linux: nice is per thread). For threads
+    the caller owns for good: an unprivileged thread cannot raise it back. Returns False
+    where that is not possible."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), nice))
+        return True
+    except (AttributeError, OSError):
+        return False
+
 
 #: Classes in the order workers of the shared (fifo) pool would see them; sla never mixes them.
 CLASSES = (IOClass.INTERACTIVE, IOClass.UPDATE, IOClass.BACKGROUND)

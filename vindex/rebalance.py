@@ -30,6 +30,7 @@ import native
 
 from . import oplog
 from .engine import Engine
+from .iosched import lower_thread_priority
 from .heads import connect
 from .storage import Change, IOClass, records
 from .writes import group_appends, select_replicas
@@ -128,6 +129,8 @@ class Rebalancer:
     # --- worker -------------------------------------------------------------------------------
     def _run(self) -> None:
         eng = self._engine
+        if eng.config.io_scheduler == "sla":
+            lower_thread_priority()  # searches get the cores first
         while True:
             with self._cv:
                 # with deferred work, poll until the searches it waits for finish
