@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from vindex.errors import CorruptionError
+from vindex.errors import CorruptionError, StorageError
 from vindex.storage import Change, IOClass, MemoryStore, records
 from vindex.storage.rocks import RocksStore
 
@@ -78,4 +78,43 @@ def test_rocks_detects_torn_record(tmp_path):
     s._cf["postings"][struct.pack(">II", 0, 0)] = b"\x00" * (RS - 3)  # corrupt the chunk
     with pytest.raises(CorruptionError, match="not a whole number"):
         s.read(np.array([0]), IOClass.INTERACTIVE)
+    s.close()
+
+
+def test_rocks_chunks_written_ahead_of_a_failed_commit_stay_invisible(tmp_path, monkeypatch):
+    """A large commit writes its appended chunks in pieces before its own batch (so the GIL
+    is released between them). If the commit's batch never lands, those chunks lie past
+    the directory's count: never read, and overwritten by the next append."""
+    import vindex.storage.rocks as rocks
+
+    monkeypatch.setattr(rocks, "EARLY_WRITE_KEYS", 1)  # every commit of 2+ appends writes early
+    path = str(tmp_path / "db")
+    s = RocksStore(path, record_size=RS, cache_bytes=1 << 22, create=True)
+    s.commit(Change(appends={0: recs([1]), 1: recs([2])}, log=b"a"), IOClass.UPDATE)
+
+    class FailLastWrite:  # the early pieces land, the commit's own batch does not
+        def __init__(self, db):
+            self.db, self.writes = db, 0
+
+        def __getattr__(self, name):
+            return getattr(self.db, name)
+
+        def write(self, batch, *a):
+            self.writes += 1
+            if self.writes == 3:
+                raise Exception("IO error: No space left on device")
+            return self.db.write(batch, *a)
+
+    s._db = FailLastWrite(s._db)
+    with pytest.raises(StorageError):
+        s.commit(Change(appends={0: recs([7]), 1: recs([8])}, log=b"b"), IOClass.UPDATE)
+    assert s._db.writes == 3
+    s._db = s._db.db
+    s.close()
+    s = RocksStore(path, record_size=RS, cache_bytes=1 << 22, create=False)
+    assert read_vids(s, [0, 1]) == [[1], [2]]  # the early chunks are not part of any posting
+    assert [seq for seq, _ in s.log_since(0)] == [1]
+    s.commit(Change(appends={0: recs([3]), 1: recs([4])}, log=b"c"), IOClass.UPDATE)
+    s.commit(Change(replaces={1: recs([5])}, appends={0: recs([6])}, log=b"d"), IOClass.UPDATE)
+    assert read_vids(s, [0, 1]) == [[1, 3, 6], [5]]
     s.close()
