@@ -53,7 +53,11 @@ def make_op(seed: int, i: int) -> tuple[str, np.ndarray, np.ndarray | None]:
 
 def child(path: str, seed: int, first: int) -> None:
     import vindex
+    import vindex.storage.rocks
 
+    # large commits write their new chunks ahead in pieces; tiny pieces make every commit of
+    # a few postings do that, so kills land between the pieces and the commit too
+    vindex.storage.rocks.EARLY_WRITE_KEYS = 4
     index = vindex.Index.open(path)
     vindex.warmup()
     out = sys.stdout
