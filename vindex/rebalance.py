@@ -229,11 +229,13 @@ class Rebalancer:
         with eng.lock:
             snap_len = eng.lengths(pids)
             recs_f, recs_u, offsets, keep, _ = self._read(pids)
-        owner = np.repeat(np.arange(pids.size), np.diff(offsets))
-        for i, pid in enumerate(pids):
-            rows = np.flatnonzero(owner == i)
-            keys = recs_u[rows, 0].astype(np.int64) * 256 + recs_u[rows, 1]
-            keep[rows[np.isin(keys, cuts[int(pid)])]] = False
+        # one membership test for every posting: (posting index, copy key) pairs, packed
+        # into one int64 (keys are vid * 256 + version < 2^40)
+        owner = np.repeat(np.arange(pids.size, dtype=np.int64), np.diff(offsets))
+        keys = recs_u[:, 0].astype(np.int64) * 256 + recs_u[:, 1]
+        wanted = [np.asarray(cuts[int(p)], dtype=np.int64) for p in pids]
+        cut_owner = np.repeat(np.arange(pids.size, dtype=np.int64), [w.size for w in wanted])
+        keep[np.isin((owner << 40) | keys, (cut_owner << 40) | np.concatenate(wanted))] = False
         with eng.lock:
             now_len = eng.lengths(pids)
             grown = now_len > snap_len
