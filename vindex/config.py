@@ -16,6 +16,7 @@ from .errors import InvalidConfigError
 METRICS = ("l2", "ip", "cosine")
 STORES = ("rocksdb", "blocks", "memory")
 DURABILITY = ("process", "fsync")
+IO_SCHEDULERS = ("sla", "fifo")
 
 #: Fields that may differ between the process that built an index and one that reopens it.
 RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebalance_batch",
@@ -109,12 +110,13 @@ class IndexConfig:
     cache_bytes: int = 512 * 1024 * 1024
     """(runtime) RocksDB block cache size."""
     io_scheduler: str = "sla"
-    """(runtime) ``sla``: background rebalancing yields to searches: its share of time halves
-    whenever the p99 of small searches misses ``interactive_p99_ms`` and grows back while it
-    does not. ``fifo``: no pacing (for comparison)."""
+    """(runtime) ``sla``: storage reads queue per I/O class (searches first, earliest deadline
+    first); background rebalancing and foreground writes yield to searches, their shares of
+    time shrinking while the p99 of small searches misses ``interactive_p99_ms`` (docs/sla.md).
+    ``fifo``: one shared queue, no pacing (for comparison)."""
     interactive_p99_ms: float = 5.0
     """(runtime) The search latency target (p99, batches of up to 16 queries) background
-    work is paced to."""
+    work and writes are paced to."""
     durability: str = "process"
     """(runtime) When a write is acknowledged. ``process``: it is in the store's write-ahead
     log, so it survives the process being killed (not a power loss). ``fsync``: the log is
@@ -164,7 +166,7 @@ class IndexConfig:
         need(self.store in STORES, "store", f"one of {STORES}")
         need(0 <= self.cache_bytes <= 1 << 48, "cache_bytes", "0..2^48")
         need(self.durability in DURABILITY, "durability", f"one of {DURABILITY}")
-        need(self.io_scheduler in ("sla", "fifo"), "io_scheduler", "'sla' or 'fifo'")
+        need(self.io_scheduler in IO_SCHEDULERS, "io_scheduler", f"one of {IO_SCHEDULERS}")
         need(self.interactive_p99_ms > 0, "interactive_p99_ms", "> 0")
 
     @classmethod

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .config import IO_SCHEDULERS
 from .errors import VindexError
 from .storage.base import IOClass
 
@@ -48,6 +49,12 @@ def lower_thread_priority(nice: int = LOW_PRIORITY_NICE) -> bool:
         return True
     except (AttributeError, OSError):
         return False
+
+
+def check_mode(mode: str) -> None:
+    """Refuse an ``io_scheduler`` value other than ``sla`` and ``fifo``."""
+    if mode not in IO_SCHEDULERS:
+        raise ValueError(f"io_scheduler: expected one of {IO_SCHEDULERS}, got {mode!r}")
 
 
 #: Classes in the order workers of the shared (fifo) pool would see them; sla never mixes them.
@@ -134,8 +141,7 @@ class Queues:
     """The queues of one scheduler and the choice of the next request (no threads here)."""
 
     def __init__(self, mode: str, *, limit: int, background: TokenBucket | None):
-        if mode not in ("sla", "fifo"):
-            raise ValueError(f"io_scheduler: expected 'sla' or 'fifo', got {mode!r}")
+        check_mode(mode)
         self.mode, self.limit, self.background = mode, limit, background
         self._heap: list[Request] = []                                 # interactive, EDF
         self._fifo: dict[IOClass, list[Request]] = {c: [] for c in CLASSES}
@@ -306,14 +312,24 @@ class IOScheduler:
             self._finished(io, key, now)
 
     def _finished(self, io: IOClass, key: IOClass | None, submitted: float) -> None:
-        done = self.clock()
         with self._cv:
             self._busy[key] -= 1
-            self.completed[io] += 1
-            if io == IOClass.INTERACTIVE:
-                self.aimd.observe(done - submitted, done)
+            self._count_done(io, submitted)
             if self.queues.queued():  # a freed slot matters only to a worker with work waiting
                 self._cv.notify_all()
+
+    def _count_done(self, io: IOClass, submitted: float) -> None:
+        """Count a finished request; interactive latencies feed the pacing. Caller holds ``_cv``."""
+        done = self.clock()
+        self.completed[io] += 1
+        if io == IOClass.INTERACTIVE:
+            self.aimd.observe(done - submitted, done)
+
+    @staticmethod
+    def _fail_expired(expired: list[Request]) -> None:
+        for r in expired:
+            r.future.set_exception(DeadlineExpired(
+                f"{r.io.value} request dropped: its deadline passed in the queue"))
 
     def _work(self, io: IOClass | None) -> None:
         while True:
@@ -327,9 +343,7 @@ class IOScheduler:
                     req, expired, wait = None, [], 0.0
                     if self._busy[io] < self._slots[io]:  # callers running inline count too
                         req, expired, wait = self.queues.pop(io, now)
-                    for r in expired:
-                        r.future.set_exception(DeadlineExpired(
-                            f"{r.io.value} request dropped: its deadline passed in the queue"))
+                    self._fail_expired(expired)
                     if req is not None:
                         self._busy[io] += 1
                         break
@@ -363,7 +377,8 @@ class IOScheduler:
 
 
 class BackgroundPacer:
-    """Paces background rebalancing by its share of time, adapted to search latency.
+    """Paces work that yields to searches (background rebalancing; foreground writes, with a
+    higher floor) by its share of time, adapted to search latency.
 
     For the RocksDB store the queue a search waits in is the GIL and the CPU as much as the
     disk, so the budget is a duty cycle: background seconds per wall second, spent from a
@@ -379,8 +394,7 @@ class BackgroundPacer:
 
     def __init__(self, mode: str, target_p99_s: float, *, clock: Callable[[], float] = time.monotonic,
                  window: float = 0.25, floor: float = 0.05):
-        if mode not in ("sla", "fifo"):
-            raise ValueError(f"io_scheduler: expected 'sla' or 'fifo', got {mode!r}")
+        check_mode(mode)
         self.mode, self.clock = mode, clock
         now = clock()
         self.bucket = TokenBucket(rate=1.0, burst=0.05, now=now)

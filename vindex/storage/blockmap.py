@@ -157,6 +157,17 @@ def decode_payload(payload: bytes, record_size: int, *, keep_log: bool = True) -
     return LogRecord(lsn, seq, entries, bytes(buf[pos:]) if seq and keep_log else None)
 
 
+def decode_record(data: bytes, record_size: int) -> LogRecord:
+    """One whole record as ``encode_record`` wrote it (header, checksum, payload)."""
+    if len(data) < _REC_HEAD.size:
+        raise FormatError("log record too short")
+    size, crc = _REC_HEAD.unpack_from(data)
+    payload = memoryview(data)[_REC_HEAD.size:]
+    if len(payload) != size or zlib.crc32(payload) != crc:
+        raise FormatError("log record fails its checksum")
+    return decode_payload(bytes(payload), record_size)
+
+
 def read_log(f: BinaryIO, start: int, next_lsn: int, record_size: int) -> tuple[list[LogRecord], int]:
     """Parse the records of a log stream from offset ``start``; the first should have lsn
     ``next_lsn``. Returns ``(records, good_end)``.

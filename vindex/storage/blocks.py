@@ -62,7 +62,6 @@ import mmap
 import os
 import re
 import threading
-import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -70,11 +69,11 @@ import numpy as np
 
 from ..errors import CorruptionError, IndexLockedError, StorageError
 from ..files import fsync_dir, write_atomic
-from ..iosched import CLASSES, IOScheduler
+from ..iosched import CLASSES, IOScheduler, check_mode
 from ..readers import Readers
 from .base import Change, IOClass, PostingBatch
 from .blockmap import (BLOCK, EMPTY, LOG_HEAD, LOG_MAGIC, OLD_FORMAT, OLD_MAGICS, BlockMap, Entries, Entry,
-                       FormatError, blocks_for, decode_payload, decode_snapshot, encode_record,
+                       FormatError, blocks_for, decode_record, decode_snapshot, encode_record,
                        encode_snapshot, read_log, runs)
 from .uring import CLASS_IOPRIO, RingScheduler, thread_ioprio
 
@@ -193,8 +192,7 @@ class BlockStore:
 
     def __init__(self, path: str, *, record_size: int, cache_bytes: int = 0, create: bool,
                  io_scheduler: str = "sla", engine: str | None = None, direct: bool | None = None):
-        if io_scheduler not in ("sla", "fifo"):
-            raise ValueError(f"io_scheduler: expected 'sla' or 'fifo', got {io_scheduler!r}")
+        check_mode(io_scheduler)
         if not os.path.isdir(path):
             if not create:
                 raise CorruptionError(f"posting store missing: {path}")
@@ -676,13 +674,10 @@ class BlockStore:
             os.close(fd)
 
     def _read_record(self, fd: int, path: str, offset: int, size: int):
-        data = os.pread(fd, size, offset)
         try:
-            if len(data) != size or zlib.crc32(data[8:]) != int.from_bytes(data[4:8], "little"):
-                raise FormatError(f"record at offset {offset} fails its checksum")
-            return decode_payload(data[8:], self.record_size)
+            return decode_record(os.pread(fd, size, offset), self.record_size)
         except FormatError as exc:
-            raise CorruptionError(f"block store log {path}: {exc}") from None
+            raise CorruptionError(f"block store log {path}: record at offset {offset}: {exc}") from None
 
     def continue_after(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> None:
         with self._write_lock:

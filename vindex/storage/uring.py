@@ -36,13 +36,14 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..iosched import DeadlineExpired, IOScheduler
+from ..iosched import IOScheduler
 from .base import IOClass
 
 log = logging.getLogger("vindex.storage.blocks")
 
 _SYS_SETUP, _SYS_ENTER, _SYS_REGISTER = 425, 426, 427
 _SYS_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
+_SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(platform.machine())
 _OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
 _OP_READV = 1                 # since 5.1 (IORING_OP_READ needs 5.6; one iovec costs nothing)
 _REGISTER_EVENTFD = 4
@@ -75,8 +76,6 @@ def _syscall(nr: int, *args: int) -> int:
         raise OSError(e, os.strerror(e))
     return res
 
-
-_SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(platform.machine())
 
 
 @contextmanager
@@ -360,9 +359,7 @@ class RingScheduler(IOScheduler):
             room = self._rings[io].room() - sum(len(j.runs) - j.next for j in queued)
             while room > 0:
                 req, expired, wait = self.queues.pop(io, now)
-                for r in expired:
-                    r.future.set_exception(DeadlineExpired(
-                        f"{r.io.value} request dropped: its deadline passed in the queue"))
+                self._fail_expired(expired)
                 if req is None:
                     return False, wait
                 if not req.future.set_running_or_notify_cancel():
@@ -384,11 +381,8 @@ class RingScheduler(IOScheduler):
             req.future.set_result(None)
         else:
             req.future.set_exception(job.error)
-        done = self.clock()
         with self._cv:
-            self.completed[req.io] += 1
-            if req.io == IOClass.INTERACTIVE:
-                self.aimd.observe(done - req.submitted, done)
+            self._count_done(req.io, req.submitted)
 
     def close(self) -> None:
         with self._cv:
