@@ -25,8 +25,9 @@ from .status import CollectionExistsError, CollectionNotFoundError
 
 log = logging.getLogger("vindex.service")
 
-#: ``\Z``, not ``$``: ``$`` also matches before a trailing newline ("docs\n" was a valid name).
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+#: Names of collections and tenants. Use ``fullmatch``: ``match`` with ``$`` accepted a
+#: trailing newline ("docs\n" was a valid name).
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 SUBDIR = "collections"
 
 

@@ -36,6 +36,7 @@ import grpc
 from vindex import errors
 from vindex.iosched import TokenBucket
 
+from .collections import NAME_RE
 from .status import QuotaExceededError, message, trailers
 
 #: RPC classes and the ``vindex.v1.VectorIndex`` RPCs each one allows.
@@ -49,7 +50,6 @@ RPC_CLASS: dict[str, str] = {rpc: cls for cls, rpcs in CLASSES.items() for rpc i
 #: reflection (grpcurl; it shows only the schema).
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 API_KEY_HEADER = "x-api-key"
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 KEY_RE = re.compile(r"[\x21-\x7e]+")   # printable ASCII, no spaces: what gRPC metadata carries
 HEX_RE = re.compile(r"[0-9a-fA-F]{64}")
 _TENANT_KEYS = {"name", "api_keys", "api_key_sha256", "classes", "quota"}

@@ -50,6 +50,11 @@ class Engine:
         # progresses while searches miss their target.
         self.update_pacer = BackgroundPacer(self.config.io_scheduler, target, floor=UPDATE_DUTY_FLOOR)
 
+    def observe_search(self, seconds: float, n_queries: int) -> None:
+        """A search of ``n_queries`` took ``seconds``: what both pacers adapt to."""
+        self.pacer.observe(seconds, n_queries)
+        self.update_pacer.observe(seconds, n_queries)
+
     def commit(self, change: Change, rec: oplog.Record, io: IOClass, *, graph_done: bool = False) -> None:
         """Write ``change`` with ``rec`` atomically, then apply ``rec``. Caller holds ``lock``."""
         change.log = oplog.encode(rec)

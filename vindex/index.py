@@ -259,9 +259,7 @@ class Index:
                                           tenant=str(tenant))
         if self.metric == "cosine":
             dists = dists * np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors
-        took = time.perf_counter() - started
-        eng.pacer.observe(took, q.shape[0])
-        eng.update_pacer.observe(took, q.shape[0])
+        eng.observe_search(time.perf_counter() - started, q.shape[0])
         return SearchResult(ids, dists, work)
 
     def check_queries(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
