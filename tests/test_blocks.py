@@ -689,13 +689,14 @@ def test_disk_scheduler_is_logged(tmp_path, caplog):
 
 
 # --- the map, without I/O ------------------------------------------------------------------------
-def test_allocation_prefers_whole_runs():
+def test_allocation_lays_a_commit_out_in_one_piece():
     m = BlockMap(RS)
     m.free, m.high = np.array([3, 4, 5, 9, 10], dtype=np.int64), 40
-    assert [a.tolist() for a in m.allocate([2, 2, 1])] == [[3, 4], [9, 10], [5]]
-    assert m.allocate([4])[0].tolist() == [40, 41, 42, 43]  # no run fits: grow
+    assert [a.tolist() for a in m.allocate([2, 1])] == [[3, 4], [5]]  # one free run holds all
+    assert [a.tolist() for a in m.allocate([2, 0, 2, 1])] == [[40, 41], [], [42, 43], [44]]  # none does: grow
     m.high = 11  # now most of the file is free: take pieces, longest runs first
-    assert m.allocate([4])[0].tolist() == [3, 4, 5, 9]
+    assert [a.tolist() for a in m.allocate([2, 2])] == [[3, 4], [5, 9]]
+    assert m.allocate([]) == [] and [a.tolist() for a in m.allocate([0])] == [[]]
     m.take(np.array([3, 4, 40], dtype=np.uint32))
     assert m.free.tolist() == [5, 9, 10] and m.high == 41
 

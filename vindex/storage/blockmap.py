@@ -91,6 +91,19 @@ def runs(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.diff(np.append(starts, b.shape[0]))
 
 
+def _records_and_runs(entries: list[Entry | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Records and runs of consecutive blocks of each entry (0 and 0 for None), vectorised
+    over all their blocks: per entry, ``runs`` costs more in numpy call overheads."""
+    lists = [EMPTY if e is None else e[0] for e in entries]
+    recs = np.array([0 if e is None else e[1] for e in entries], dtype=np.int64)
+    counts = np.array([b.shape[0] for b in lists], dtype=np.int64)
+    flat = np.concatenate(lists).astype(np.int64) if lists else np.empty(0, np.int64)
+    owner = np.repeat(np.arange(len(lists)), counts)
+    first = np.ones(flat.shape[0], dtype=bool)
+    first[1:] = (flat[1:] != flat[:-1] + 1) | (owner[1:] != owner[:-1])
+    return recs, np.bincount(owner[first], minlength=len(lists))
+
+
 # --- entry arrays -------------------------------------------------------------------------------
 def encode_entries(entries: Entries) -> tuple[int, int, bytes]:
     """``(n, m, bytes)`` of the entry arrays for ``entries``."""
@@ -299,11 +312,10 @@ class BlockMap:
             else:
                 self._entries[pid] = e  # one reference swap: readers see old or new
                 self.used_blocks += e[0].shape[0]
-            if derived:
-                self.lengths.ensure(pid)
-                self.runs.ensure(pid)
-                self.lengths[pid] = 0 if e is None else e[1]
-                self.runs[pid] = 0 if e is None else runs(e[0])[0].shape[0]
+        if derived and entries:
+            pids = np.fromiter(entries.keys(), dtype=np.int64, count=len(entries))
+            recs, n_runs = _records_and_runs(list(entries.values()))
+            self._set_derived(pids, recs, n_runs)
 
     def refresh_derived(self) -> None:
         """Records and runs of every posting, at once (vectorised over all blocks)."""
@@ -311,13 +323,9 @@ class BlockMap:
         if not self._entries:
             return
         pids = np.fromiter(self._entries.keys(), dtype=np.int64, count=len(self._entries))
-        recs = np.array([e[1] for e in self._entries.values()], dtype=np.int64)
-        counts = np.array([e[0].shape[0] for e in self._entries.values()], dtype=np.int64)
-        flat = np.concatenate([e[0] for e in self._entries.values()]).astype(np.int64)
-        owner = np.repeat(np.arange(pids.shape[0]), counts)
-        first = np.ones(flat.shape[0], dtype=bool)
-        first[1:] = (flat[1:] != flat[:-1] + 1) | (owner[1:] != owner[:-1])
-        n_runs = np.bincount(owner[first], minlength=pids.shape[0])
+        self._set_derived(pids, *_records_and_runs(list(self._entries.values())))
+
+    def _set_derived(self, pids: np.ndarray, recs: np.ndarray, n_runs: np.ndarray) -> None:
         self.lengths.ensure(int(pids.max()))
         self.runs.ensure(int(pids.max()))
         self.lengths.array()[pids] = recs
@@ -336,36 +344,30 @@ class BlockMap:
         self.limbo_blocks = 0
 
     def allocate(self, sizes: list[int]) -> list[np.ndarray]:
-        """Choose blocks for postings of ``sizes`` blocks each, without taking them (``take``
-        does, once the commit is written). First fit on a whole free run keeps a posting
-        contiguous (one I/O per read); with no run long enough a posting grows the file,
-        unless a quarter of the file is free, when it takes scattered free blocks instead."""
+        """Choose blocks for one commit's postings of ``sizes`` blocks each, without taking
+        them (``take`` does, once the commit is written). The postings are laid out one after
+        another, so the commit is written in as few I/Os as there are pieces: in the first
+        free run that holds them all, else at the end of the file, unless a quarter of the
+        file is free, when they fill the longest free runs first (a posting may then span two
+        runs, one more I/O to read it). Placing each posting in its own first-fit hole instead
+        cost one synchronous O_DIRECT write per posting: a 1,000-row upsert made ~1,000."""
+        total = int(sum(sizes))
+        if total == 0:
+            return [EMPTY] * len(sizes)
         starts, lens = runs(self.free)
         starts = self.free[starts] if starts.shape[0] else starts
-        lens = lens.copy()
-        spare = self.free.shape[0]
-        taken: list[np.ndarray] = []
-        high = self.high
-        out = []
-        for k in sizes:
-            if k == 0:
-                out.append(EMPTY)
-                continue
-            fit = np.flatnonzero(lens >= k)
-            if fit.shape[0]:
-                i = int(fit[0])
-                s = int(starts[i])
-                starts[i] += k
-                lens[i] -= k
-                spare -= k
-                out.append(np.arange(s, s + k, dtype=np.uint32))
-            elif spare >= k and 4 * spare >= self.high:
-                got = self._scattered(starts, lens, k)
-                spare -= k
-                out.append(got)
-            else:
-                out.append(np.arange(high, high + k, dtype=np.uint32))
-                high += k
+        fit = np.flatnonzero(lens >= total)
+        if fit.shape[0]:
+            s = int(starts[fit[0]])
+            flat = np.arange(s, s + total, dtype=np.uint32)
+        elif self.free.shape[0] >= total and 4 * self.free.shape[0] >= self.high:
+            flat = self._scattered(starts, lens.copy(), total)
+        else:
+            flat = np.arange(self.high, self.high + total, dtype=np.uint32)
+        out, lo = [], 0
+        for hi in np.cumsum(sizes).tolist():  # slices: np.split costs ~1 us a piece
+            out.append(flat[lo:hi])
+            lo = hi
         return out
 
     @staticmethod

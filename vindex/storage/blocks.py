@@ -82,6 +82,7 @@ log = logging.getLogger("vindex.storage.blocks")
 GROW_MIN_BLOCKS = 1024    # grow the data file by at least 4 MiB (and 1/8 of its size)
 WRITE_CHUNK = 16 << 20    # bulk_load writes through a buffer of this size
 SYNC_TO_REUSE = 1024      # blocks waiting only for an fsync that make a commit sync, not grow
+_ZEROS = bytes(BLOCK)     # padding to a whole block
 
 
 def _open_direct(path: str) -> int:
@@ -530,14 +531,16 @@ class BlockStore:
     def _allocate(self, sizes: list[int]) -> list[np.ndarray]:
         """Blocks for postings of ``sizes`` blocks; the file grows to hold them. If it would
         grow while many released blocks wait only for an fsync, sync first and reuse them."""
+        def top(chosen: list[np.ndarray]) -> int:
+            flat = np.concatenate(chosen) if chosen else EMPTY
+            return int(flat.max()) + 1 if flat.shape[0] else 0
+
         chosen = self._map.allocate(sizes)
-        top = max((int(c.max()) + 1 for c in chosen if c.shape[0]), default=0)
-        if top > self._map.high and self._map.limbo_blocks >= max(SYNC_TO_REUSE, self._map.high // 8):
+        if top(chosen) > self._map.high and self._map.limbo_blocks >= max(SYNC_TO_REUSE, self._map.high // 8):
             self._sync()
             if self._reclaim():
                 chosen = self._map.allocate(sizes)
-                top = max((int(c.max()) + 1 for c in chosen if c.shape[0]), default=0)
-        self._ensure_capacity(top)
+        self._ensure_capacity(top(chosen))
         return chosen
 
     def _ensure_capacity(self, blocks: int) -> None:
@@ -563,15 +566,14 @@ class BlockStore:
         if total == 0:
             return [EMPTY] * len(chosen)
         buf = self._write_buffer(total * BLOCK)
-        pos = 0
-        for w, c in zip(work, chosen):
-            for piece in w.pieces:
-                n = len(piece)
-                buf.arr[pos:pos + n] = np.frombuffer(piece, dtype=np.uint8)
-                pos += n
-            end = -(-pos // BLOCK) * BLOCK
-            buf.arr[pos:end] = 0
-            pos = end
+        parts: list[bytes] = []  # one join and one copy: per piece, numpy would cost more
+        for w in work:
+            parts.extend(w.pieces)
+            pad = -sum(len(p) for p in w.pieces) % BLOCK
+            if pad:
+                parts.append(_ZEROS[:pad])
+        joined = b"".join(parts)
+        buf.arr[:len(joined)] = np.frombuffer(joined, dtype=np.uint8)
         blocks = np.concatenate(chosen)
         sums = np.empty(total, dtype=np.uint32)
         _checksum().block_sums(buf.arr, total, sums)
