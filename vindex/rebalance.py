@@ -21,8 +21,10 @@ head, cutting out moved copies) waits in a deferred queue until those searches f
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -69,6 +71,11 @@ class Rebalancer:
         self._scrub_cursor = 0
         self.counters = {"rounds": 0, "splits": 0, "merges": 0, "drops": 0, "gc": 0, "reassigns": 0,
                          "reassign_checked": 0, "scrubbed": 0, "errors": 0, "checkpoints": 0}
+        # replica selection for reassignments uses every core when the foreground is idle; its
+        # threads run at the rebalancer's priority
+        low = engine.config.io_scheduler == "sla"
+        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="vindex-background",
+                                        initializer=lower_thread_priority if low else None)
         self._thread = threading.Thread(target=self._run, name="vindex-background", daemon=True)
         self._thread.start()
 
@@ -125,6 +132,7 @@ class Rebalancer:
             self._stop = True
             self._cv.notify_all()
         self._thread.join()
+        self._pool.shutdown(wait=True)
 
     # --- worker -------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -427,7 +435,7 @@ class Rebalancer:
         h_idx, h_pid = holders if holders is not None else (np.arange(n), owner)
         h_pid = np.asarray(h_pid, dtype=np.int64)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        heads, counts, _ = select_replicas(eng.state, vectors, cfg)
+        heads, counts, _ = select_replicas(eng.state, vectors, cfg, self._pool)
         heads = heads.astype(np.int64)
         # has[i, j]: picked posting j of vector i already holds a copy (its home counts: the
         # posting its latest write or move put it in)
