@@ -4,6 +4,7 @@ store semantics run on it in test_store.py too."""
 from __future__ import annotations
 
 import errno
+import gc
 import glob
 import io
 import multiprocessing
@@ -598,6 +599,30 @@ def test_expired_interactive_read_is_dropped(tmp_path, engine):
     st = s.stats()
     assert st["engine"] == engine and st["queues"]["dropped"]["interactive"] == 1
     s.close()
+
+
+@pytest.mark.skipif(not _uring_works(), reason="no io_uring")
+def test_idle_class_reads_on_the_callers_own_ring(tmp_path):
+    """With nothing queued, a read runs on the calling thread's own ring, in waves when it
+    has more runs than the ring holds; a thread's ring goes when the thread ends, the rest
+    when the store closes."""
+    s = open_store(tmp_path / "s", engine="io_uring")
+    for p in range(100):
+        s.commit(Change(appends={p: recs([p, p + 1000])}), IOClass.UPDATE)
+    pids = list(range(99, -1, -1))  # descending blocks: one run each, 100 > a ring's 64
+    inline = s._sched.inline
+    assert vids_of(s, pids) == [[p, p + 1000] for p in pids]
+    assert s._sched.inline == inline + 1 and len(s._sched._own_rings) == 1
+
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("v", vids_of(s, [5, 3])))
+    t.start()
+    t.join()
+    gc.collect()
+    assert got["v"] == [[5, 1005], [3, 1003]] and len(s._sched._own_rings) == 1  # the thread's ring went
+    own = next(iter(s._sched._own_rings))
+    s.close()
+    assert own.ring is None
 
 
 def test_interactive_deadline_while_queued_and_classes_apart(tmp_path):

@@ -31,6 +31,8 @@ import mmap
 import os
 import platform
 import select
+import threading
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -47,6 +49,7 @@ _SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(platform.machine())
 _OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
 _OP_READV = 1                 # since 5.1 (IORING_OP_READ needs 5.6; one iovec costs nothing)
 _REGISTER_EVENTFD = 4
+_ENTER_GETEVENTS = 1
 _ENTRIES = 128
 
 # ioprio: class in the top 3 bits of 16, level below. BE (best effort) levels 0..7 need no
@@ -138,9 +141,10 @@ assert ctypes.sizeof(_Params) == 120 and ctypes.sizeof(_SQE) == 64 and ctypes.si
 
 
 class Ring:
-    """One io_uring with an eventfd; used by one thread at a time."""
+    """One io_uring, with an eventfd unless ``eventfd=False`` (a ring whose user waits in
+    ``submit_and_wait``); used by one thread at a time."""
 
-    def __init__(self, entries: int = _ENTRIES):
+    def __init__(self, entries: int = _ENTRIES, *, eventfd: bool = True):
         if platform.machine() != "x86_64":
             raise OSError(errno_codes.ENOSYS, "io_uring rings are only used on x86-64 (see module docstring)")
         p = _Params()
@@ -149,14 +153,16 @@ class Ring:
         self.efd = -1
         try:
             self._map_rings(p)
-            self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            efd = ctypes.c_int32(self.efd)
-            _syscall(_SYS_REGISTER, self.fd, _REGISTER_EVENTFD, ctypes.addressof(efd), 1)
+            if eventfd:
+                self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                efd = ctypes.c_int32(self.efd)
+                _syscall(_SYS_REGISTER, self.fd, _REGISTER_EVENTFD, ctypes.addressof(efd), 1)
         except BaseException:
             self.close()
             raise
         self._poll = select.poll()
-        self._poll.register(self.efd, select.POLLIN)
+        if eventfd:
+            self._poll.register(self.efd, select.POLLIN)
         self.capacity = p.sq_entries  # reads in flight at most (the CQ holds twice that)
         self.inflight = 0
         self._tail = self._sq_tail.value
@@ -207,6 +213,21 @@ class Ring:
                 if exc.errno not in (errno_codes.EINTR, errno_codes.EAGAIN, errno_codes.EBUSY):
                     raise
                 # left in the ring: the next submit passes them again
+
+    def submit_and_wait(self, n: int) -> None:
+        """Publish queued SQEs and sleep in the kernel (GIL released) until ``n`` reads are
+        done, in one syscall."""
+        self._sq_tail.value = self._tail
+        while True:
+            ready = (self._cq_tail.value - self._cq_head.value) & 0xFFFFFFFF
+            todo = self.pending()
+            if ready >= n and not todo:
+                return
+            try:
+                _syscall(_SYS_ENTER, self.fd, todo, max(0, n - ready), _ENTER_GETEVENTS, 0, 0)
+            except OSError as exc:
+                if exc.errno not in (errno_codes.EINTR, errno_codes.EAGAIN, errno_codes.EBUSY):
+                    raise
 
     def pending(self) -> int:
         """SQEs written but not yet consumed by the kernel."""
@@ -266,6 +287,76 @@ class _Job:
         self.error: BaseException | None = None
 
 
+#: Entries of a caller's own ring (reads of one inline request go in waves of this many).
+_INLINE_ENTRIES = 64
+
+
+class _OwnRing:
+    """A thread's own ring for inline reads; closed when its thread ends (the thread-local
+    holding it goes) or when the scheduler closes, whichever is first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # held while reading: close() waits for a read in flight
+        self.ring: Ring | None = Ring(_INLINE_ENTRIES, eventfd=False)
+
+    def read(self, job: Any, prio: int) -> None:
+        with self.lock:
+            ring = self.ring
+            if ring is None:
+                raise OSError(errno_codes.EBADF, "I/O scheduler is closed")
+            runs = job.runs
+            iov = np.empty((runs.shape[0], 2), dtype=np.uint64)
+            iov[:, 0] = job.address + runs[:, 1]
+            iov[:, 1] = runs[:, 2]
+            base, rows = iov.ctypes.data, runs.tolist()
+            short = None
+            try:
+                for lo in range(0, len(rows), ring.capacity):
+                    hi = min(len(rows), lo + ring.capacity)
+                    for j in range(lo, hi):
+                        ring.prep_readv(job.fd, base + 16 * j, rows[j][0], j, prio)
+                    ring.submit_and_wait(hi - lo)
+                    for j, res in ring.completions():
+                        if res != rows[j][2] and short is None:
+                            short = (OSError(-res, os.strerror(-res)) if res < 0 else
+                                     OSError(errno_codes.EIO, f"short read: {res} of {rows[j][2]} bytes"))
+            except OSError:  # reads may still be in flight: the ring is not reused
+                self._close()
+                raise
+            if short is not None:
+                raise short
+
+    def close(self) -> None:
+        with self.lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+
+    def __del__(self) -> None:
+        self._close()
+
+
+class _InlineRead:
+    """A read job that, run by ``IOScheduler.run`` on the caller's thread, reads on that
+    thread's own ring; queued, the class's ring thread reads its runs like any job's."""
+
+    __slots__ = ("sched", "job", "prio", "fd", "address", "runs")
+
+    def __init__(self, sched: "RingScheduler", job: Any, prio: int):
+        self.sched, self.job, self.prio = sched, job, prio
+        self.fd, self.address, self.runs = job.fd, job.address, job.runs
+
+    def __call__(self) -> None:
+        own = self.sched._own_ring()
+        if own is None:  # no ring for this thread (out of locked memory, say): preadv
+            self.job()
+        else:
+            own.read(self, self.prio)
+
+
 class RingScheduler(IOScheduler):
     """``IOScheduler`` whose workers run reads on io_uring rings instead of calling ``fn``.
 
@@ -288,6 +379,8 @@ class RingScheduler(IOScheduler):
                 r.close()
             raise
         self._fatal: BaseException | None = None
+        self._local = threading.local()
+        self._own_rings: weakref.WeakSet[_OwnRing] = weakref.WeakSet()
         try:
             super().__init__(mode, workers={IOClass.INTERACTIVE: 1}, **kw)  # one thread per ring
         except BaseException:
@@ -296,8 +389,29 @@ class RingScheduler(IOScheduler):
             raise
 
     def run(self, io: IOClass, fn: Callable[[], Any], **kw: Any) -> Any:
-        """Always through the ring (the parent may run ``fn`` inline, as a preadv)."""
-        return self.submit(io, fn, **kw).result()
+        """When the class has nothing queued and a slot free (the parent's rule), the caller
+        reads on a ring of its own thread and waits in the kernel: the GIL is handed back
+        once. Through the class's ring thread a read costs four hand-offs (the thread wakes
+        to submit, wakes to reap and completes the future, then the caller wakes), and on a
+        busy interpreter each waits up to a switch interval."""
+        prio = 0 if self.mode == "fifo" else CLASS_IOPRIO[io]
+        return super().run(io, _InlineRead(self, fn, prio), **kw)
+
+    def _own_ring(self) -> _OwnRing | None:
+        own = getattr(self._local, "ring", None)
+        if own is None and not getattr(self._local, "failed", False):
+            with self._cv:
+                if self._stop:
+                    return None
+                try:
+                    own = self._local.ring = _OwnRing()
+                except OSError as exc:
+                    log.info("no io_uring ring for thread %s (%s): its inline reads use preadv",
+                             threading.current_thread().name, exc)
+                    self._local.failed = True
+                    return None
+                self._own_rings.add(own)
+        return own
 
     def submit(self, io: IOClass, fn: Callable[[], Any], **kw: Any):
         fut = super().submit(io, fn, **kw)
@@ -392,4 +506,6 @@ class RingScheduler(IOScheduler):
         super().close()  # fails what is still queued, joins the workers (they finish in-flight reads)
         for ring in self._rings.values():
             ring.close()
+        for own in list(self._own_rings):
+            own.close()  # waits for a read in flight on it
 
