@@ -198,10 +198,15 @@ class Rebalancer:
     def _cancel_cuts(self, pids: np.ndarray, keys: np.ndarray) -> None:
         """Copies ``keys[i]`` were just written to posting ``pids[i]`` again (a reassignment
         back, or a merge): pending cuts of those copies there must not remove them."""
+        order = np.argsort(pids, kind="stable")
+        pids, keys = pids[order], keys[order]
+        uniq, starts = np.unique(pids, return_index=True)
+        where = dict(zip(uniq.tolist(), zip(starts.tolist(), np.append(starts[1:], pids.size).tolist())))
         with self._cv:
             for _, _, cuts in self._deferred:
-                for p in set(pids.tolist()).intersection(cuts):
-                    cuts[p] = cuts[p][~np.isin(cuts[p], keys[pids == p])]
+                for p in where.keys() & cuts.keys():
+                    lo, hi = where[p]
+                    cuts[p] = cuts[p][~np.isin(cuts[p], keys[lo:hi])]
 
     def _run_deferred(self) -> None:
         """Drop postings of removed heads and cut moved copies out of their old postings, for
