@@ -16,7 +16,7 @@ import re
 import shutil
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import vindex
 from vindex import errors
@@ -68,9 +68,11 @@ class _Entry:
 class Collections:
     """The registry of open collections under ``data_dir``. Thread-safe."""
 
-    def __init__(self, data_dir: str, **runtime: Any):
+    def __init__(self, data_dir: str, on_open: Callable[[vindex.Index], None] | None = None, **runtime: Any):
+        """``on_open`` is called with each index opened or created (before any call uses it)."""
         self.root = os.path.join(os.path.abspath(data_dir), SUBDIR)
         self._runtime = runtime
+        self._on_open = on_open or (lambda index: None)
         self._entries: dict[str, _Entry] = {}
         self._cond = threading.Condition()
         os.makedirs(self.root, exist_ok=True)
@@ -87,11 +89,19 @@ class Collections:
                 shutil.rmtree(path, ignore_errors=True)
                 continue
             try:
-                self._entries[name] = _Entry(name, vindex.Index.open(path, **self._runtime))
+                self._entries[name] = _Entry(name, self._opened(vindex.Index.open(path, **self._runtime)))
             except errors.CorruptionError as exc:  # serve the others; calls on it get DATA_LOSS
                 log.error("collection %s is damaged and stays closed: %s", name, exc)
                 self._entries[name] = _Entry(name, None, broken=exc)
         return sorted(self._entries)
+
+    def _opened(self, index: vindex.Index) -> vindex.Index:
+        try:
+            self._on_open(index)
+        except BaseException:
+            index.close()
+            raise
+        return index
 
     def names(self) -> list[str]:
         with self._cond:
@@ -126,8 +136,8 @@ class Collections:
             if os.path.exists(path):  # left behind by a failed create or an interrupted drop
                 shutil.rmtree(path)
             settings = {**self._runtime, **config}
-            index = (vindex.Index.create(path, dim=dim, metric=metric, **settings) if vectors is None
-                     else vindex.Index.build(path, vectors, metric=metric, **settings))
+            index = self._opened(vindex.Index.create(path, dim=dim, metric=metric, **settings) if vectors is None
+                                 else vindex.Index.build(path, vectors, metric=metric, **settings))
         except BaseException:
             with self._cond:
                 del self._entries[name]

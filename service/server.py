@@ -424,7 +424,8 @@ class Server:
         # a machine with few cores an ingest does not take the cores searches need.
         self.update_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vindex-update",
                                               initializer=lower_thread_priority)
-        self.collections = Collections(config.data_dir)
+        self.collections = Collections(config.data_dir,
+                                       on_open=None if self.tenants is None else self.tenants.apply_io_quotas)
         self.servicer = VectorIndexServicer(self.collections, self.pool, config.limits, self.update_pool)
         self.health = health_aio.HealthServicer()
         self.server = grpc.aio.server(

@@ -4,7 +4,7 @@ A tenants file (JSON) names each tenant, its API keys, its classes and its quota
 
     {"tenants": [
        {"name": "search-app", "api_keys": ["..."], "classes": ["interactive"],
-        "quota": {"queries_per_s": 200, "burst": 50}},
+        "quota": {"queries_per_s": 200, "burst": 50, "postings_per_s": 10000}},
        {"name": "admin", "api_key_sha256": ["<64 hex digits>"], "classes": ["interactive", "update", "admin"]}
     ]}
 
@@ -53,7 +53,8 @@ API_KEY_HEADER = "x-api-key"
 KEY_RE = re.compile(r"[\x21-\x7e]+")   # printable ASCII, no spaces: what gRPC metadata carries
 HEX_RE = re.compile(r"[0-9a-fA-F]{64}")
 _TENANT_KEYS = {"name", "api_keys", "api_key_sha256", "classes", "quota"}
-_QUOTA_KEYS = {"queries_per_s", "burst", "rows_per_s", "burst_rows", "max_in_flight"}
+_QUOTA_KEYS = {"queries_per_s", "burst", "rows_per_s", "burst_rows", "postings_per_s", "burst_postings",
+               "max_in_flight"}
 
 
 class TenantConfigError(errors.InvalidConfigError):
@@ -68,12 +69,16 @@ class Quota:
     one per call); ``rows_per_s`` up to ``burst_rows`` pay for Upsert, UpsertStream chunks and
     Delete (one per id); ``max_in_flight`` caps the tenant's calls running at once (a stream
     counts for its whole length). Get, Describe, List, Stats and Flush are limited by
-    ``max_in_flight`` only."""
+    ``max_in_flight`` only. ``postings_per_s`` up to ``burst_postings`` is an I/O quota,
+    enforced by each collection's I/O scheduler: the postings its searches and gets read (a
+    search of ``max_postings`` 64 reads up to 64 per query)."""
 
     queries_per_s: float | None = None
     burst: float | None = None           # default: max(1, queries_per_s)
     rows_per_s: float | None = None
     burst_rows: float | None = None      # default: max(1, rows_per_s)
+    postings_per_s: float | None = None
+    burst_postings: float | None = None  # default: max(1, postings_per_s)
     max_in_flight: int | None = None
 
 
@@ -121,13 +126,14 @@ def _quota(where: str, raw: Any) -> Quota:
     _unknown(where, raw, _QUOTA_KEYS)
     q: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in ("queries_per_s", "rows_per_s"):
+        if key in ("queries_per_s", "rows_per_s", "postings_per_s"):
             q[key] = float(_number(f"{where}.{key}", value, least=0, strict=True))
-        elif key in ("burst", "burst_rows"):  # one call of one query or row must fit
+        elif key in ("burst", "burst_rows", "burst_postings"):  # one call of one query or row must fit
             q[key] = float(_number(f"{where}.{key}", value, least=1))
         else:
             q[key] = int(_number(f"{where}.{key}", value, least=1, integer=True))
-    for burst, rate in (("burst", "queries_per_s"), ("burst_rows", "rows_per_s")):
+    for burst, rate in (("burst", "queries_per_s"), ("burst_rows", "rows_per_s"),
+                        ("burst_postings", "postings_per_s")):
         if burst in q and rate not in q:
             raise TenantConfigError(f"{where}.{burst}: set only with {rate}")
         if rate in q and burst not in q:
@@ -274,6 +280,13 @@ class Tenants:
 
     def names(self) -> list[str]:
         return list(self.states)
+
+    def apply_io_quotas(self, index: Any) -> None:
+        """Give ``index`` (a ``vindex.Index``) each tenant's ``postings_per_s`` I/O quota."""
+        for state in self.states.values():
+            q = state.tenant.quota
+            if q.postings_per_s is not None:
+                index.set_tenant_quota(state.name, q.postings_per_s, q.burst_postings)
 
     def authenticate(self, key: str) -> TenantState | None:
         """The tenant holding ``key``; every digest is compared, so the time taken does not

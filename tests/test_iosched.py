@@ -221,6 +221,48 @@ def test_background_pacer_yields_when_searches_miss_their_target():
     assert BackgroundPacer("fifo", 0.002).charge(10.0) == 0.0
 
 
+def test_a_tenant_quota_set_on_a_scheduler_counts_postings():
+    now = [0.0]
+    s = IOScheduler("sla", clock=lambda: now[0])
+    try:
+        s.set_tenant_quota("a", 10.0, burst=20.0)
+        assert s.run(I, lambda: 1, tenant="a", cost=16) == 1
+        with pytest.raises(ResourceExhaustedError, match=r"10 postings/s \(burst 20\): this read needs 16; retry in 1200 ms"):
+            s.run(I, lambda: 2, tenant="a", cost=16)
+        assert s.run(I, lambda: 3, tenant="b", cost=500) == 3  # no quota: the default is none
+        now[0] = 2.0  # full again: a read larger than the burst passes once, into debt
+        assert s.run(I, lambda: 4, tenant="a", cost=50) == 4
+        with pytest.raises(ResourceExhaustedError):
+            s.run(I, lambda: 5, tenant="a", cost=1)
+        s.set_tenant_quota("a", None)
+        assert s.run(I, lambda: 6, tenant="a", cost=1) == 6
+    finally:
+        s.close()
+
+
+def test_index_tenant_quota_refuses_searches_and_checks_its_arguments(tmp_path):
+    import numpy as np
+
+    import vindex
+
+    x = np.random.default_rng(0).standard_normal((500, 8)).astype(np.float32)
+    with vindex.Index.build(tmp_path / "idx", x, posting_limit_bytes=1024, search_eps=100.0) as idx:
+        idx.set_tenant_quota("a", 0.001, burst=8)
+        assert idx.search(x[0], 5, max_postings=8, tenant="a").stats["postings"] == 8
+        with pytest.raises(ResourceExhaustedError, match="tenant 'a' is over its I/O quota"):
+            idx.search(x[0], 5, max_postings=8, tenant="a")
+        assert idx.search(x[0], 5, max_postings=8, tenant="b").ids[0, 0] == 0
+        assert idx.search(x[0], 5, max_postings=8).ids[0, 0] == 0  # untagged: the "default" tenant
+        idx.set_tenant_quota("a", None)
+        assert idx.search(x[0], 5, max_postings=8, tenant="a").ids[0, 0] == 0
+        for rate, burst in ((0, None), (-1, None), (float("nan"), None), (5, 0.5), ("fast", None)):
+            with pytest.raises(ValueError):
+                idx.set_tenant_quota("a", rate, burst)
+    with vindex.Index.build(tmp_path / "mem", x, store="memory") as idx:
+        with pytest.raises(ValueError, match="'memory' reads without an I/O scheduler"):
+            idx.set_tenant_quota("a", 5)
+
+
 def test_pacing_is_a_runtime_setting_and_background_still_drains(tmp_path):
     import numpy as np
 

@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import vindex
+from vindex.iosched import ResourceExhaustedError
 from service import cli
 from service import vindex_pb2 as pb
 from service import vindex_pb2_grpc as pb_grpc
@@ -45,6 +46,8 @@ TENANTS = {"tenants": [
     {"name": "streamer", "api_keys": ["streamer-key"], "classes": ["update"],
      "quota": {"rows_per_s": SLOW, "burst_rows": 10}},
     {"name": "single", "api_keys": ["single-key"], "classes": ["interactive"], "quota": {"max_in_flight": 1}},
+    {"name": "reader", "api_keys": ["reader-key"], "classes": ["interactive"],
+     "quota": {"postings_per_s": SLOW, "burst_postings": 2}},
     {"name": "admin", "api_key_sha256": [hashlib.sha256(b"admin-key").hexdigest()],  # the key itself is not in the file
      "classes": ["interactive", "update", "admin"]},
 ]}
@@ -271,6 +274,18 @@ def test_tenant_reaches_the_index(server, monkeypatch):
 
 
 # --- files and settings --------------------------------------------------------------------------
+def test_io_quota_is_enforced_by_the_index(server):
+    """postings_per_s reaches each collection's I/O scheduler: the tenant's searches stop once
+    they have read their burst of postings (here one posting a search), the others go on."""
+    with client(server, "reader-key") as reader, client(server, "app-key-1") as app:
+        r_docs = reader.collection("docs")
+        work = [search(r_docs) for _ in range(2)]
+        assert [w.stats["postings"] for w in work] == [1, 1]
+        with pytest.raises(ResourceExhaustedError, match="tenant 'reader' is over its I/O quota of 0.001 postings/s"):
+            search(r_docs)
+        assert list(search(app.collection("docs")).ids[0]) == [1, 2]
+
+
 def _tenant(**over):
     t = {"name": "t", "api_keys": ["key"], "classes": ["interactive"]}
     t.update(over)
@@ -299,6 +314,8 @@ def _tenant(**over):
     ({"tenants": [_tenant(quota={"queries_per_s": True})]}, r"quota\.queries_per_s"),
     ({"tenants": [_tenant(quota={"queries_per_s": 5, "burst": 0.5})]}, r"quota\.burst: expected a number >= 1"),
     ({"tenants": [_tenant(quota={"burst": 5})]}, r"quota\.burst: set only with queries_per_s"),
+    ({"tenants": [_tenant(quota={"burst_postings": 5})]}, r"quota\.burst_postings: set only with postings_per_s"),
+    ({"tenants": [_tenant(quota={"postings_per_s": 0})]}, r"quota\.postings_per_s: expected a number > 0"),
     ({"tenants": [_tenant(quota={"max_in_flight": 1.5})]}, r"quota\.max_in_flight: expected an integer"),
     ({"tenants": [_tenant(quota={"qps": 5})]}, r"quota: unknown key\(s\) \['qps'\]"),
     ({"tenants": [_tenant(), _tenant(api_keys=["other"])]}, r"tenants\[1\]\.name: 't' is also tenants\[0\]"),

@@ -262,6 +262,26 @@ class Index:
         eng.observe_search(time.perf_counter() - started, q.shape[0])
         return SearchResult(ids, dists, work)
 
+    def set_tenant_quota(self, tenant: str, postings_per_s: float | None, burst: float | None = None) -> None:
+        """Limit the posting reads of ``tenant``'s searches and gets to ``postings_per_s`` a
+        second, up to ``burst`` at once (default: one second's worth; a single search larger
+        than the burst still runs when the bucket is full, and leaves it in debt). A search over
+        the quota raises :class:`vindex.iosched.ResourceExhaustedError` (RESOURCE_EXHAUSTED over
+        gRPC) and reads nothing more. ``None`` lifts the limit. Quotas are not stored with the
+        index: set them after each open (``vindex serve`` does, from its tenants file)."""
+        self._check_open()
+        sched = self._engine.store.scheduler
+        if sched is None:
+            raise ValueError(f"store {self.config.store!r} reads without an I/O scheduler: it has no quotas")
+        if postings_per_s is None:
+            sched.set_tenant_quota(str(tenant), None)
+            return
+        rate = validation.non_negative_float(postings_per_s, "postings_per_s")
+        size = None if burst is None else validation.non_negative_float(burst, "burst")
+        if rate <= 0 or (size is not None and size < 1):
+            raise ValueError(f"postings_per_s must be > 0 and burst >= 1, got {postings_per_s!r} and {burst!r}")
+        sched.set_tenant_quota(str(tenant), rate, size)
+
     def check_queries(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
                       eps: float | None = None, ef: int | None = None) -> None:
         """Raise what :meth:`search` would raise for these arguments, without searching."""

@@ -87,6 +87,15 @@ class TokenBucket:
             return True
         return False
 
+    def spend(self, cost: float, now: float) -> bool:
+        """Like ``take``, but a request larger than the burst goes through when the bucket
+        is full and leaves it in debt (it could never pass ``take``)."""
+        self._refill(now)
+        if self.tokens >= min(cost, self.burst):
+            self.tokens -= cost
+            return True
+        return False
+
     def wait_time(self, cost: float, now: float) -> float:
         """Seconds until ``cost`` tokens are there (0 if they are)."""
         self._refill(now)
@@ -192,8 +201,8 @@ class Queues:
         if h >= len(q):
             return None, [], 0.0
         if io == IOClass.BACKGROUND and self.background is not None:
-            if not self.background.take(q[h].cost, now):
-                return None, [], self.background.wait_time(q[h].cost, now)
+            if not self.background.take(1.0, now):  # pacing counts requests (cost is the tenant's)
+                return None, [], self.background.wait_time(1.0, now)
         self._heads[io] = h + 1
         if h + 1 > 1024 and 2 * (h + 1) > len(q):
             del q[: h + 1]
@@ -262,8 +271,9 @@ class IOScheduler:
     def submit(self, io: IOClass, fn: Callable[[], Any], *, tenant: str = "default",
                deadline: float | None = None, cost: float = 1.0) -> Future:
         """Queue ``fn`` (the I/O) and return its future. ``deadline`` is a ``clock()`` time
-        (interactive requests past it are dropped); ``cost`` is spent from the tenant's bucket
-        and, for background work, from the pacing bucket."""
+        (interactive requests past it are dropped); ``cost`` (the postings it reads) is spent
+        from the tenant's bucket. A background request spends one token of the pacing bucket,
+        whatever its size."""
         now = self.clock()
         req = Request(deadline if deadline is not None else float("inf"), next(self._seq), io, tenant, fn,
                       cost, now)
@@ -280,8 +290,21 @@ class IOScheduler:
         bucket = self._tenants.get(tenant)
         if bucket is None and self._tenant_rate != float("inf"):
             bucket = self._tenants[tenant] = TokenBucket(self._tenant_rate, self._tenant_burst, now)
-        if bucket is not None and not bucket.take(cost, now):
-            raise ResourceExhaustedError(f"tenant {tenant!r} is over its I/O quota; retry later")
+        if bucket is not None and not bucket.spend(cost, now):
+            wait = bucket.wait_time(cost, now)
+            raise ResourceExhaustedError(
+                f"tenant {tenant!r} is over its I/O quota of {bucket.rate:g} postings/s (burst {bucket.burst:g}): "
+                f"this read needs {cost:g}; retry in {wait * 1e3:.0f} ms")
+
+    def set_tenant_quota(self, tenant: str, rate: float | None, burst: float | None = None) -> None:
+        """Give ``tenant`` its own bucket of ``rate`` postings read per second up to ``burst``
+        (default: one second's worth); ``rate=None`` puts it back on the default."""
+        with self._cv:
+            if rate is None:
+                self._tenants.pop(tenant, None)
+            else:
+                self._tenants[tenant] = TokenBucket(rate, burst if burst is not None else max(1.0, rate),
+                                                    self.clock())
 
     def run(self, io: IOClass, fn: Callable[[], Any], *, tenant: str = "default",
             deadline: float | None = None, cost: float = 1.0) -> Any:
@@ -296,7 +319,7 @@ class IOScheduler:
             queued = self.queues.depth(io) if key is not None else self.queues.queued()
             free = not queued and self._busy[key] < self._slots[key]
             if free and key == IOClass.BACKGROUND:
-                free = self.bucket.take(cost, now)
+                free = self.bucket.take(1.0, now)
             if free:
                 self._admit(tenant, cost, now)
                 if io == IOClass.INTERACTIVE and deadline is not None and deadline < now:

@@ -4,9 +4,12 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..iosched import IOScheduler
 
 
 class IOClass(str, enum.Enum):
@@ -56,6 +59,8 @@ class PostingStore(Protocol):
     """What the engine needs from a posting store."""
 
     record_size: int
+    #: Queues, deadlines and per-tenant I/O quotas of the reads (None: reads run at once).
+    scheduler: "IOScheduler | None"
 
     def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,
              tenant: str = "default") -> PostingBatch:

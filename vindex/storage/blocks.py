@@ -370,7 +370,7 @@ class BlockStore:
             buf = self._buffers.get(total * BLOCK)
             if total:
                 blocks = np.concatenate([e.blocks for e in entries if e is not None])
-                self._read_blocks(blocks, buf, io, deadline=deadline, tenant=tenant)
+                self._read_blocks(blocks, buf, io, deadline=deadline, tenant=tenant, cost=pids.shape[0])
         finally:
             self._tickets.end(ticket)
         if total:  # the bytes are ours now (thread buffer): check them before compacting
@@ -387,15 +387,19 @@ class BlockStore:
             self._by_class[io.value] += 1
         return PostingBatch(data, offsets)
 
+    @property
+    def scheduler(self) -> IOScheduler:
+        return self._sched
+
     def _read_blocks(self, blocks: np.ndarray, buf: _Aligned, io: IOClass, *,
-                     deadline: float | None = None, tenant: str = "default") -> None:
+                     deadline: float | None = None, tenant: str = "default", cost: float = 1.0) -> None:
         """Read ``blocks`` into ``buf`` in order: one I/O per run of consecutive blocks."""
         starts, lens = runs(blocks)
         b = blocks.astype(np.int64)
         table = np.stack([b[starts] * BLOCK, starts * BLOCK, lens * BLOCK], axis=1)
         prio = CLASS_IOPRIO[io] if self.mode == "sla" else None
         try:
-            self._sched.run(io, ReadJob(self._fd, buf, table, prio), tenant=tenant, deadline=deadline)
+            self._sched.run(io, ReadJob(self._fd, buf, table, prio), tenant=tenant, deadline=deadline, cost=cost)
         except StorageError:
             raise
         except OSError as exc:

@@ -15,6 +15,7 @@ class MemoryStore:
 
     def __init__(self, record_size: int):
         self.record_size = record_size
+        self.scheduler = None  # reads run at once
         self._chunks: dict[int, list[bytes]] = {}
         self._lengths = Lengths()
         self._log: list[tuple[int, bytes]] = []

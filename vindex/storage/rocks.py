@@ -163,11 +163,16 @@ class RocksStore:
                 keys.append(pack(pid, 0))
             else:
                 keys.extend(pack(pid, j) for j in range(c))
-        values = self._io.run(io, lambda: self._multi_get(keys), tenant=tenant, deadline=deadline) if keys else []
+        values = (self._io.run(io, lambda: self._multi_get(keys), tenant=tenant, deadline=deadline, cost=len(counts))
+                  if keys else [])
         data, offsets = self._gather(values, counts)
         self.reads += len(counts)
         self.read_bytes += data.shape[0]
         return PostingBatch(data, offsets)
+
+    @property
+    def scheduler(self) -> IOScheduler:
+        return self._io
 
     def _multi_get(self, keys: list[bytes]) -> list:
         with _errors(self.path, "reading postings"):
