@@ -14,7 +14,8 @@ import importlib
 
 from .metrics import IP, L2
 
-_SUBMODULES = ("checksum", "distances", "graph", "heap", "idhash", "kmeans", "lire", "prefetch", "replicas", "scan")
+_SUBMODULES = ("checksum", "distances", "graph", "heap", "idhash", "kmeans", "layout", "lire", "prefetch", "replicas",
+               "scan")
 
 
 def __getattr__(name: str):

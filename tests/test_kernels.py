@@ -340,3 +340,22 @@ def test_first_bad_finds_the_first_damaged_or_swapped_block():
         checksum.first_bad(flat[:4096], sums)
     with pytest.raises(ValueError, match="shorter"):
         checksum.block_sums(flat, 6, np.empty(2, np.uint32))
+
+
+@pytest.mark.parametrize("record_size", [520, 516])  # 64-bit moves, and 32-bit ones
+def test_layout_compact_matches_memmove(record_size):
+    from native import layout
+
+    rng = np.random.default_rng(record_size)
+    recs = rng.integers(0, 60, 12)
+    counts = -(-recs * record_size // 4096)
+    buf = rng.integers(0, 256, int(counts.sum()) * 4096, dtype=np.uint8)
+    nbytes = recs * record_size
+    src = (np.cumsum(counts) - counts) * 4096
+    dst = np.cumsum(nbytes) - nbytes
+    want = bytearray(buf.tobytes())
+    for s, d, n in zip(src.tolist(), dst.tolist(), nbytes.tolist()):
+        want[d:d + n] = want[s:s + n]  # slicing copies the source first: a memmove
+    layout.compact(buf, src, dst, nbytes)
+    total = int(nbytes.sum())
+    assert buf[:total].tobytes() == bytes(want[:total])

@@ -54,7 +54,6 @@ DONTNEED); ``stats()["direct_io"]`` says which.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import logging
@@ -99,6 +98,21 @@ def _checksum():
     from native import checksum
 
     return checksum
+
+
+def _layout():
+    """``native.layout``, imported on first use (as ``_checksum``)."""
+    from native import layout
+
+    return layout
+
+
+def _locate(pids: np.ndarray, counts: np.ndarray, i: int) -> tuple[int, int, int]:
+    """Block ``i`` of a read of postings ``pids`` with ``counts`` blocks each: ``(posting, its
+    block number from 1, its block count)``."""
+    ends = np.cumsum(counts)
+    p = int(np.searchsorted(ends, i, side="right"))
+    return int(pids[p]), i - int(ends[p] - counts[p]) + 1, int(counts[p])
 
 
 def _failed(exc: OSError, where: str, doing: str) -> StorageError:
@@ -373,14 +387,18 @@ class BlockStore:
                 self._read_blocks(blocks, buf, io, deadline=deadline, tenant=tenant, cost=pids.shape[0])
         finally:
             self._tickets.end(ticket)
-        if total:  # the bytes are ours now (thread buffer): check them before compacting
-            def locate(i: int) -> tuple[int, int, int]:
-                ends = np.cumsum(counts)
-                p = int(np.searchsorted(ends, i, side="right"))
-                return int(pids[p]), i - int(ends[p] - counts[p]) + 1, int(counts[p])
-
-            self._verify(buf, blocks, np.concatenate([e.sums for e in entries if e is not None]), locate)
-        data, offsets = self._compact(buf, counts, recs)
+        # the tail-block slack is squeezed out in place: each posting moves down to where the
+        # previous one's records end
+        nbytes = recs * self.record_size
+        if total:  # the bytes are ours now (thread buffer): check them, then move them (one kernel call)
+            src, dst = (np.cumsum(counts) - counts) * BLOCK, np.cumsum(nbytes) - nbytes
+            sums = np.concatenate([e.sums for e in entries if e is not None])
+            bad = _layout().check_and_compact(buf.arr, sums, src, dst, nbytes)
+            if bad >= 0:
+                self._corrupt(blocks, bad, lambda i: _locate(pids, counts, i))
+        offsets = np.zeros(recs.shape[0] + 1, dtype=np.int64)
+        np.cumsum(recs, out=offsets[1:])
+        data = buf.arr[: int(nbytes.sum())]
         with self._stats_lock:
             self.reads += pids.shape[0]
             self.read_bytes += data.shape[0]
@@ -413,26 +431,15 @@ class BlockStore:
         ``buf`` holds ``blocks`` in order. ``locate(i)``: ``(posting, its block number from 1,
         its block count)`` of ``blocks[i]``, for the error."""
         bad = _checksum().first_bad(buf.arr, sums)
-        if bad < 0:
-            return
+        if bad >= 0:
+            self._corrupt(blocks, bad, locate)
+
+    def _corrupt(self, blocks: np.ndarray, bad: int, locate: Callable[[int], tuple[int, int, int]]) -> None:
         b = int(blocks[bad])
         pid, nth, n = locate(int(bad))
         raise CorruptionError(
             f"block store data file {self._data_path}: block {b} of posting {pid} fails its checksum "
             f"(file offset {b * BLOCK}, the posting's block {nth} of {n}); the data file is damaged")
-
-    def _compact(self, buf: _Aligned, counts: np.ndarray, recs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Squeeze the tail-block slack out of the blocks read, in place: each posting moves
-        down to where the previous one's records end (never over bytes not yet moved)."""
-        nbytes = recs * self.record_size
-        src = (np.cumsum(counts) - counts) * BLOCK
-        dst = np.cumsum(nbytes) - nbytes
-        base = buf.address
-        for i in np.flatnonzero((src != dst) & (nbytes > 0)).tolist():
-            ctypes.memmove(base + int(dst[i]), base + int(src[i]), int(nbytes[i]))
-        offsets = np.zeros(recs.shape[0] + 1, dtype=np.int64)
-        np.cumsum(recs, out=offsets[1:])
-        return buf.arr[: int(nbytes.sum())], offsets
 
     def _advise(self, offsets: np.ndarray, lengths: np.ndarray) -> None:
         """Without O_DIRECT: drop these ranges from the page cache (no hidden cache)."""

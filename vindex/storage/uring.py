@@ -138,6 +138,8 @@ class _CQE(ctypes.Structure):
 
 
 assert ctypes.sizeof(_Params) == 120 and ctypes.sizeof(_SQE) == 64 and ctypes.sizeof(_CQE) == 16
+_SQE_SIZE = ctypes.sizeof(_SQE)
+_ZERO_SQE = bytes(_SQE_SIZE)
 
 
 class Ring:
@@ -183,6 +185,7 @@ class Ring:
         self._sq_mask = _u32.from_buffer(sq_ring, sq.ring_mask).value
         self._sq_array = (_u32 * p.sq_entries).from_buffer(sq_ring, sq.array)
         self._sqes = (_SQE * p.sq_entries).from_buffer(sqes)
+        self._sqe_map = sqes
         self._cq_head = _u32.from_buffer(cq_ring, cq.head)
         self._cq_tail = _u32.from_buffer(cq_ring, cq.tail)
         self._cq_mask = _u32.from_buffer(cq_ring, cq.ring_mask).value
@@ -194,8 +197,8 @@ class Ring:
     def prep_readv(self, fd: int, iovec_addr: int, offset: int, user_data: int, prio: int) -> None:
         """Queue a read of one iovec (not yet visible to the kernel: ``submit`` does that)."""
         i = self._tail & self._sq_mask
+        self._sqe_map[i * _SQE_SIZE:(i + 1) * _SQE_SIZE] = _ZERO_SQE  # not ctypes.memset: it releases the GIL
         sqe = self._sqes[i]
-        ctypes.memset(ctypes.addressof(sqe), 0, ctypes.sizeof(_SQE))
         sqe.opcode, sqe.ioprio, sqe.fd, sqe.off = _OP_READV, prio, fd, offset
         sqe.addr, sqe.len, sqe.user_data = iovec_addr, 1, user_data
         self._sq_array[i] = i
@@ -258,7 +261,7 @@ class Ring:
 
     def close(self) -> None:
         # the ctypes views export the mappings' buffers: drop them before unmapping
-        for name in ("_sq_head", "_sq_tail", "_sq_array", "_sqes", "_cq_head", "_cq_tail", "_cqes"):
+        for name in ("_sq_head", "_sq_tail", "_sq_array", "_sqes", "_sqe_map", "_cq_head", "_cq_tail", "_cqes"):
             self.__dict__.pop(name, None)
         for m in self._maps:
             m.close()
