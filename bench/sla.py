@@ -10,7 +10,10 @@ each copy runs one of:
 
 * ``alone``: A only (``io_scheduler="sla"``);
 * ``fifo``: A and B, one shared I/O queue, background unpaced;
-* ``sla``: A and B, a queue per class, background paced to A's p99 target.
+* ``sla``: A and B, a queue per class, background paced to A's p99 target;
+* ``burner`` (with ``--burner``): A only, while another process keeps every core busy with
+  matrix products at the same CPU priority: how much of the ``sla`` slowdown is the cores
+  alone, with no GIL shared.
 
 Reported per run: A's p50/p99/p99.9 and its p99 over the store's ``alone`` p99, B's rows/s
 and its ratio to ``fifo``. Then, per store with its caches off (the block store reads with
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -37,6 +41,10 @@ from vindex.iosched import lower_thread_priority
 from . import datasets, measure, report, synthetic
 
 MODES = ("alone", "fifo", "sla")
+#: The burner: a CPU-bound process (NumPy's BLAS on every core).
+BURNER = ("import numpy as np\n"
+          "a = np.random.default_rng(0).standard_normal((400, 400))\n"
+          "while True:\n    a = np.tanh(a @ a)\n")
 SMALL_CACHE = 1 << 20
 
 
@@ -86,14 +94,25 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
     path = os.path.join(work, f"run-{mode}")
     shutil.rmtree(path, ignore_errors=True)
     shutil.copytree(base_dir, path)
-    index = vindex.Index.open(path, io_scheduler="fifo" if mode == "fifo" else "sla",
-                              interactive_p99_ms=target_ms)
+    burner = None
+    if mode == "burner":  # before the index opens: no fork while RocksDB is open
+        threads = str(os.cpu_count() or 1)
+        burner = subprocess.Popen([sys.executable, "-c", BURNER],
+                                  env=dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads))
+        time.sleep(args.warmup)
+    try:
+        index = vindex.Index.open(path, io_scheduler="fifo" if mode == "fifo" else "sla",
+                                  interactive_p99_ms=target_ms)
+    except BaseException:
+        if burner:
+            burner.kill()
+        raise
     try:
         for q in queries[:200]:  # warm the kernels and the caches
             index.search(q, 10, max_postings=args.max_postings)
         before = index.stats()
         ingest = None
-        if mode != "alone":
+        if mode not in ("alone", "burner"):
             ingest = Ingest(index, extra, n, args.batch, low_priority=mode == "sla")
             ingest.start()
             time.sleep(args.warmup)
@@ -114,6 +133,9 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
         return out
     finally:
         index.close()
+        if burner:
+            burner.kill()
+            burner.wait()
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -146,7 +168,7 @@ def plot(result: dict, path: str) -> None:
 
     fig, axes = plt.subplots(1, len(result["stores"]), figsize=(6 * len(result["stores"]), 4), squeeze=False)
     for ax, (store, runs) in zip(axes[0], result["stores"].items()):
-        for mode in MODES:
+        for mode in runs:
             lat = np.asarray(runs[mode]["a_latencies_ms"])
             lat = lat[np.isfinite(lat)]
             ax.plot(lat, np.arange(1, lat.size + 1) / lat.size, label=f"{mode} (p99 {runs[mode]['a']['p99']:.1f} ms)")
@@ -172,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="A's p99 target the sla runs pace to (0: 1.5x A's p99 alone, the SLA itself)")
     ap.add_argument("--switch-interval-ms", type=float, default=1.0,
                     help="the GIL switch interval, as `vindex serve` sets it (Python's default is 5)")
+    ap.add_argument("--burner", action="store_true",
+                    help="also run A beside a CPU-bound process on every core (no GIL shared)")
     ap.add_argument("--recall-queries", type=int, default=1000)
     ap.add_argument("--latency-queries", type=int, default=2000)
     ap.add_argument("--out", default="bench/results")
@@ -196,17 +220,19 @@ def main(argv: list[str] | None = None) -> int:
             result["cold"][store] = cold_search(base_dir, queries, gt, args)
             runs = result["stores"][store] = {}
             target = args.p99_target_ms
-            for mode in MODES:
+            modes = MODES + (("burner",) if args.burner else ())
+            for mode in modes:
                 runs[mode] = one_run(base_dir, work, mode, queries, extra, n, args, target or 5.0)
                 if mode == "alone" and not target:
                     target = 1.5 * runs["alone"]["a"]["p99"]
             runs["sla"]["p99_target_ms"] = target
             alone = runs["alone"]["a"]["p99"]
-            for mode in ("fifo", "sla"):
+            for mode in modes[1:]:
                 runs[mode]["a_p99_over_alone"] = runs[mode]["a"]["p99"] / alone
             runs["sla"]["b_over_fifo"] = runs["sla"]["b_rows_per_s"] / max(runs["fifo"]["b_rows_per_s"], 1e-9)
+            burner = f", burner {runs['burner']['a_p99_over_alone']:.2f}x" if args.burner else ""
             print(f"[{store}] A p99 over alone: fifo {runs['fifo']['a_p99_over_alone']:.2f}x, "
-                  f"sla {runs['sla']['a_p99_over_alone']:.2f}x; B sla/fifo {runs['sla']['b_over_fifo']:.2f}x",
+                  f"sla {runs['sla']['a_p99_over_alone']:.2f}x{burner}; B sla/fifo {runs['sla']['b_over_fifo']:.2f}x",
                   file=sys.stderr, flush=True)
             measure.limit_threads(os.cpu_count() or 1)
     finally:
