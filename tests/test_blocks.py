@@ -622,7 +622,29 @@ def test_idle_class_reads_on_the_callers_own_ring(tmp_path):
     assert got["v"] == [[5, 1005], [3, 1003]] and len(s._sched._own_rings) == 1  # the thread's ring went
     own = next(iter(s._sched._own_rings))
     s.close()
+    assert own.ring is None and own.closed
+
+
+@pytest.mark.skipif(not _uring_works(), reason="no io_uring")
+def test_a_failed_inline_read_drops_the_thread_ring_and_the_next_read_gets_a_new_one(tmp_path, monkeypatch):
+    from vindex.storage import uring
+
+    s = open_store(tmp_path / "s", engine="io_uring")
+    load(s, {0: [1, 2]})
+    assert vids_of(s, [0]) == [[1, 2]]
+    own = next(iter(s._sched._own_rings))
+    first = own.ring
+
+    def fail(self, n):
+        raise OSError(errno.EIO, "injected")
+
+    with monkeypatch.context() as m:
+        m.setattr(uring.Ring, "submit_and_wait", fail)
+        with pytest.raises(StorageError, match="injected"):
+            vids_of(s, [0])
     assert own.ring is None
+    assert vids_of(s, [0]) == [[1, 2]] and own.ring is not None and own.ring is not first
+    s.close()
 
 
 def test_interactive_deadline_while_queued_and_classes_apart(tmp_path):

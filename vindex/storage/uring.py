@@ -300,13 +300,16 @@ class _OwnRing:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # held while reading: close() waits for a read in flight
+        self.closed = False
         self.ring: Ring | None = Ring(_INLINE_ENTRIES, eventfd=False)
 
     def read(self, job: Any, prio: int) -> None:
         with self.lock:
-            ring = self.ring
-            if ring is None:
+            if self.closed:
                 raise OSError(errno_codes.EBADF, "I/O scheduler is closed")
+            if self.ring is None:  # dropped after a failed read
+                self.ring = Ring(_INLINE_ENTRIES, eventfd=False)
+            ring = self.ring
             runs = job.runs
             iov = np.empty((runs.shape[0], 2), dtype=np.uint64)
             iov[:, 0] = job.address + runs[:, 1]
@@ -323,7 +326,7 @@ class _OwnRing:
                         if res != rows[j][2] and short is None:
                             short = (OSError(-res, os.strerror(-res)) if res < 0 else
                                      OSError(errno_codes.EIO, f"short read: {res} of {rows[j][2]} bytes"))
-            except OSError:  # reads may still be in flight: the ring is not reused
+            except BaseException:  # reads may still be queued or in flight: the ring is not reused
                 self._close()
                 raise
             if short is not None:
@@ -331,6 +334,7 @@ class _OwnRing:
 
     def close(self) -> None:
         with self.lock:
+            self.closed = True
             self._close()
 
     def _close(self) -> None:
