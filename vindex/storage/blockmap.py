@@ -350,7 +350,9 @@ class BlockMap:
         free run that holds them all, else at the end of the file, unless a quarter of the
         file is free, when they fill the longest free runs first (a posting may then span two
         runs, one more I/O to read it). Placing each posting in its own first-fit hole instead
-        cost one synchronous O_DIRECT write per posting: a 1,000-row upsert made ~1,000."""
+        cost one synchronous O_DIRECT write per posting: a 1,000-row upsert made ~1,000. The
+        price is space: replacing 240k random vectors of a 200k index left the file at 1.75x
+        the blocks in use, against 1.55x with first-fit holes."""
         total = int(sum(sizes))
         if total == 0:
             return [EMPTY] * len(sizes)
