@@ -90,8 +90,10 @@ def warmup() -> None:
     idhash.insert(np.full(32, -1, dtype=np.int32), vid2ext, np.arange(8, dtype=np.int64))
     idhash.lookup(table, vid2ext, np.arange(10, dtype=np.int64))
     _ = pids, q_ptr, q_idx
-    from . import checksum
+    from . import checksum, layout
 
     block, sums = np.zeros(checksum.BLOCK, np.uint8), np.empty(1, np.uint32)
     checksum.block_sums(block, 1, sums)
     checksum.first_bad(block, sums)
+    one = np.zeros(1, np.int64)
+    layout.check_and_compact(block, sums, one, one, one)

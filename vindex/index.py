@@ -18,7 +18,7 @@ from .engine import Engine
 from .errors import CorruptionError, IdExistsError, IndexClosedError, preview
 from .heads import METRIC_CODES, HeadGraph
 from .idmap import IdMap
-from .iosched import lower_thread_priority
+from .iosched import yielding_pool
 from .progress import enabled
 from .rebalance import FOLD_FRAGMENTS, Rebalancer
 from .search import search as run_search
@@ -99,8 +99,7 @@ class Index:
         self._closed = False
         cfg = engine.config
         # replica selection for upserts; under sla its threads yield the cores to searches
-        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="vindex-insert",
-                                        initializer=lower_thread_priority if cfg.io_scheduler == "sla" else None)
+        self._pool = yielding_pool("vindex-insert", cfg.io_scheduler == "sla")
         self._rebalancer = Rebalancer(engine, enabled=cfg.rebalance)
         self._finalizer = weakref.finalize(self, _shutdown, self._rebalancer, self._pool, engine.store)
         # postings left over their limit or full of garbage by an earlier process

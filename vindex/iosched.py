@@ -24,7 +24,7 @@ import itertools
 import os
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -49,6 +49,13 @@ def lower_thread_priority(nice: int = LOW_PRIORITY_NICE) -> bool:
         return True
     except (AttributeError, OSError):
         return False
+
+
+def yielding_pool(name: str, yields: bool = True) -> ThreadPoolExecutor:
+    """A pool of one thread per core whose threads run at ``LOW_PRIORITY_NICE`` if ``yields``
+    (work that gives the cores to searches first)."""
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix=name,
+                              initializer=lower_thread_priority if yields else None)
 
 
 def check_mode(mode: str) -> None:

@@ -21,10 +21,8 @@ head, cutting out moved copies) waits in a deferred queue until those searches f
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -32,7 +30,7 @@ import native
 
 from . import oplog
 from .engine import Engine
-from .iosched import lower_thread_priority
+from .iosched import lower_thread_priority, yielding_pool
 from .heads import connect
 from .storage import Change, IOClass, records
 from .writes import group_appends, select_replicas
@@ -73,9 +71,8 @@ class Rebalancer:
                          "reassign_checked": 0, "scrubbed": 0, "errors": 0, "checkpoints": 0}
         # replica selection for reassignments uses every core when the foreground is idle; its
         # threads run at the rebalancer's priority
-        low = engine.config.io_scheduler == "sla"
-        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="vindex-background",
-                                        initializer=lower_thread_priority if low else None)
+        self._yields = engine.config.io_scheduler == "sla"
+        self._pool = yielding_pool("vindex-background", self._yields)
         self._thread = threading.Thread(target=self._run, name="vindex-background", daemon=True)
         self._thread.start()
 
@@ -137,7 +134,7 @@ class Rebalancer:
     # --- worker -------------------------------------------------------------------------------
     def _run(self) -> None:
         eng = self._engine
-        if eng.config.io_scheduler == "sla":
+        if self._yields:
             lower_thread_priority()  # searches get the cores first
         while True:
             with self._cv:

@@ -66,6 +66,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+import native  # its kernels load on first use: numba loads when the store first reads or writes data
+
 from ..errors import CorruptionError, IndexLockedError, StorageError
 from ..files import fsync_dir, write_atomic
 from ..iosched import CLASSES, IOScheduler, check_mode
@@ -90,21 +92,6 @@ def _open_direct(path: str) -> int:
 
 
 _pwrite = os.pwrite  # every write goes through here (fault-injection tests replace it)
-
-
-def _checksum():
-    """``native.checksum``, imported on first use: numba loads when the store first reads or
-    writes data, not when it opens (see ``native``)."""
-    from native import checksum
-
-    return checksum
-
-
-def _layout():
-    """``native.layout``, imported on first use (as ``_checksum``)."""
-    from native import layout
-
-    return layout
 
 
 def _locate(pids: np.ndarray, counts: np.ndarray, i: int) -> tuple[int, int, int]:
@@ -393,7 +380,7 @@ class BlockStore:
         if total:  # the bytes are ours now (thread buffer): check them, then move them (one kernel call)
             src, dst = (np.cumsum(counts) - counts) * BLOCK, np.cumsum(nbytes) - nbytes
             sums = np.concatenate([e.sums for e in entries if e is not None])
-            bad = _layout().check_and_compact(buf.arr, sums, src, dst, nbytes)
+            bad = native.layout.check_and_compact(buf.arr, sums, src, dst, nbytes)
             if bad >= 0:
                 self._corrupt(blocks, bad, lambda i: _locate(pids, counts, i))
         offsets = np.zeros(recs.shape[0] + 1, dtype=np.int64)
@@ -430,7 +417,7 @@ class BlockStore:
         """Check the blocks of one read against their checksums (one kernel call for all):
         ``buf`` holds ``blocks`` in order. ``locate(i)``: ``(posting, its block number from 1,
         its block count)`` of ``blocks[i]``, for the error."""
-        bad = _checksum().first_bad(buf.arr, sums)
+        bad = native.checksum.first_bad(buf.arr, sums)
         if bad >= 0:
             self._corrupt(blocks, bad, locate)
 
@@ -587,7 +574,7 @@ class BlockStore:
         buf.arr[:len(joined)] = np.frombuffer(joined, dtype=np.uint8)
         blocks = np.concatenate(chosen)
         sums = np.empty(total, dtype=np.uint32)
-        _checksum().block_sums(buf.arr, total, sums)
+        native.checksum.block_sums(buf.arr, total, sums)
         self._pwrite_blocks(blocks, buf)
         return np.split(sums, np.cumsum([c.shape[0] for c in chosen[:-1]]).astype(np.int64))
 

@@ -273,6 +273,15 @@ class Ring:
 
 
 # --- the scheduler ------------------------------------------------------------------------------
+def _iovecs(job: Any) -> np.ndarray:
+    """One iovec per run of a read job: (address, length) pairs the kernel reads at submission
+    (keep the array alive until then)."""
+    iov = np.empty((job.runs.shape[0], 2), dtype=np.uint64)
+    iov[:, 0] = job.address + job.runs[:, 1]
+    iov[:, 1] = job.runs[:, 2]
+    return iov
+
+
 class _Job:
     """A read request in flight: its runs (file offset, length, destination address)."""
 
@@ -281,10 +290,7 @@ class _Job:
         self.req = req
         self.fd = job.fd
         self.runs = job.runs.tolist()
-        # one iovec per run: (address, length) pairs the kernel reads at submission
-        self.iov = np.empty((len(self.runs), 2), dtype=np.uint64)
-        self.iov[:, 0] = job.address + job.runs[:, 1]
-        self.iov[:, 1] = job.runs[:, 2]
+        self.iov = _iovecs(job)
         self.next = 0         # next run to queue
         self.remaining = len(self.runs)
         self.error: BaseException | None = None
@@ -310,11 +316,8 @@ class _OwnRing:
             if self.ring is None:  # dropped after a failed read
                 self.ring = Ring(_INLINE_ENTRIES, eventfd=False)
             ring = self.ring
-            runs = job.runs
-            iov = np.empty((runs.shape[0], 2), dtype=np.uint64)
-            iov[:, 0] = job.address + runs[:, 1]
-            iov[:, 1] = runs[:, 2]
-            base, rows = iov.ctypes.data, runs.tolist()
+            iov = _iovecs(job)
+            base, rows = iov.ctypes.data, job.runs.tolist()
             short = None
             try:
                 for lo in range(0, len(rows), ring.capacity):
