@@ -81,6 +81,22 @@ def test_rocks_detects_torn_record(tmp_path):
     s.close()
 
 
+def test_rocks_large_commit_pauses_between_its_early_pieces(tmp_path, monkeypatch):
+    """The engine's pause (let running searches finish) runs after each early piece, with
+    the pieces already written and the commit's own batch not yet."""
+    import vindex.storage.rocks as rocks
+
+    monkeypatch.setattr(rocks, "EARLY_WRITE_KEYS", 2)
+    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
+    seen = []
+    change = Change(appends={p: recs([p]) for p in range(5)}, log=b"a",
+                    pause=lambda: seen.append((int(s.lengths().sum()), len(list(s.log_since(0))))))
+    s.commit(change, IOClass.UPDATE)
+    assert seen == [(0, 0)] * 3  # 5 postings in pieces of 2; nothing counted or logged yet
+    assert read_vids(s, list(range(5))) == [[p] for p in range(5)]
+    s.close()
+
+
 def test_rocks_chunks_written_ahead_of_a_failed_commit_stay_invisible(tmp_path, monkeypatch):
     """A large commit writes its appended chunks in pieces before its own batch (so the GIL
     is released between them). If the commit's batch never lands, those chunks lie past

@@ -55,11 +55,18 @@ class Engine:
         self.pacer.observe(seconds, n_queries)
         self.update_pacer.observe(seconds, n_queries)
 
+    def yield_to_searches(self) -> None:
+        """Under ``io_scheduler="sla"``, wait (GIL released, at most the p99 target) until no
+        search is running. Writers and rebalancing call this between stretches that hold the
+        GIL, so a search runs to its end instead of waiting for the GIL at every step."""
+        if self.config.io_scheduler == "sla":
+            self.readers.wait_for_searches(self.config.interactive_p99_ms / 1000)
+
     def commit(self, change: Change, rec: oplog.Record, io: IOClass, *, graph_done: bool = False) -> None:
         """Write ``change`` with ``rec`` atomically, then apply ``rec``. Caller holds ``lock``."""
         change.log = oplog.encode(rec)
-        if self.config.io_scheduler == "sla":
-            self.readers.wait_for_searches(self.config.interactive_p99_ms / 1000)
+        change.pause = self.yield_to_searches
+        self.yield_to_searches()
         self.seq = self.store.commit(change, io)
         with self.readers.exclusive():  # no search is between reading postings and checking versions
             self.state.apply(rec, graph_done=graph_done)

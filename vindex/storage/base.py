@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -53,6 +53,9 @@ class Change:
     replaces: dict[int, bytes] = field(default_factory=dict)  # pid -> new full content
     drops: list[int] = field(default_factory=list)            # postings to delete
     log: bytes | None = None                                  # operation-log record
+    # called between the pieces of a large write, GIL released while it waits: the engine
+    # lets running searches finish there (see ``Engine.yield_to_searches``)
+    pause: Callable[[], object] | None = None
 
 
 class PostingStore(Protocol):

@@ -260,8 +260,9 @@ class RocksStore:
         rows), and a search waiting for the GIL waits that long. A new chunk is invisible
         until the posting directory counts it, and the directory changes only in the commit's
         own batch, so chunks can go first in small batches with the GIL released between
-        them. A crash before the commit leaves a chunk past the directory's count: never
-        read, and overwritten by the posting's next append at that index. Postings the commit
+        them: in ``change.pause``, where the engine lets running searches finish (measured
+        ~0.75 ms per 256-chunk piece under load). A crash before the commit leaves a chunk
+        past the directory's count: never read, and overwritten by the posting's next append at that index. Postings the commit
         also replaces or drops are left to the commit (its range delete would remove them).
         Returns the pids written early."""
         pids = [p for p in change.appends if p not in change.replaces and p not in change.drops]
@@ -274,7 +275,10 @@ class RocksStore:
                 piece.put(_key(pid, current(pid)[0]), change.appends[pid], post)
             with _errors(self.path, "writing"):
                 self._db.write(piece)
-            time.sleep(0)  # let a thread waiting for the GIL (a search) have it
+            if change.pause is not None:
+                change.pause()
+            else:
+                time.sleep(0)  # let a thread waiting for the GIL (a search) have it
         return set(pids)
 
     def bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray,
