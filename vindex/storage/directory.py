@@ -16,6 +16,22 @@ class Lengths:
             grown[: self._a.shape[0]] = self._a
             self._a = grown
 
+    def get(self, pids: np.ndarray) -> np.ndarray:
+        """The values at ``pids`` (0 for pids never set)."""
+        pids = np.asarray(pids, dtype=np.int64)
+        a = self._a
+        out = np.zeros(pids.shape[0], dtype=np.int64)
+        inside = pids < a.shape[0]
+        out[inside] = a[pids[inside]]
+        return out
+
+    def put(self, pids: np.ndarray, values: np.ndarray) -> None:
+        """Set ``values`` at ``pids``, growing first (one array swap) if needed."""
+        pids = np.asarray(pids, dtype=np.int64)
+        if pids.size:
+            self.ensure(int(pids.max()))
+            self._a[pids] = values
+
     def __getitem__(self, pid):
         return self._a[pid]
 
