@@ -110,6 +110,7 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
     try:
         for q in queries[:200]:  # warm the kernels and the caches
             index.search(q, 10, max_postings=args.max_postings)
+        vindex.freeze_heap()  # as `vindex serve` does once it is ready (vindex/gcpause.py)
         before = index.stats()
         ingest = None
         if mode not in ("alone", "burner"):

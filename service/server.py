@@ -478,6 +478,8 @@ class Server:
                 names.append(name)
         if self._stopping:  # SIGTERM while starting: stop() takes over once we return
             return
+        frozen = vindex.freeze_heap()  # full GC passes then skip start-up's objects (see vindex.gcpause)
+        log.debug("froze %d objects out of the garbage collector's full passes", frozen)
         self.servicer.ready = True
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -14,6 +14,7 @@ from .errors import (CorruptionError, DimensionError, DuplicateIdError, IdExists
                      IndexExistsError, IndexLockedError, IndexNotFoundError, InvalidConfigError, InvalidIdError,
                      InvalidInputError, InvalidKError, LengthMismatchError, NonFiniteError,
                      NotAnIndexError, StorageError, VindexError)
+from .gcpause import freeze_heap
 from .index import Index, SearchResult
 from .verify import VerifyReport
 
@@ -37,7 +38,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Index", "Client", "Collection", "ServiceError", "IndexConfig", "SearchResult", "warmup",
+    "Index", "Client", "Collection", "ServiceError", "IndexConfig", "SearchResult", "warmup", "freeze_heap",
     "VindexError", "InvalidInputError", "DimensionError", "NonFiniteError", "InvalidKError",
     "InvalidIdError", "LengthMismatchError", "DuplicateIdError", "IdExistsError", "IndexNotFoundError",
     "NotAnIndexError", "IndexExistsError", "IndexLockedError", "InvalidConfigError", "IndexClosedError",
