@@ -362,3 +362,34 @@ def test_wait_for_searches_returns_when_the_last_search_ends():
     r.end(t)
     waiter.join(30)
     assert done.is_set()
+
+
+@pytest.mark.parametrize("mode", ["sla", "fifo"])
+def test_large_rocksdb_commit_yields_to_searches_between_pieces_under_sla_only(tmp_path, monkeypatch, mode):
+    import numpy as np
+
+    import vindex
+    import vindex.storage.rocks as rocks
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2000, 8)).astype(np.float32)
+    vindex.Index.build(str(tmp_path / "i"), x, progress=False).close()
+    monkeypatch.setattr(rocks, "EARLY_WRITE_KEYS", 2)  # every commit of 3+ postings goes in pieces
+    with vindex.Index.open(str(tmp_path / "i"), io_scheduler=mode, rebalance=False) as idx:
+        readers = idx._engine.readers
+        waits = []
+        real = readers.wait_for_searches
+        monkeypatch.setattr(readers, "wait_for_searches", lambda timeout: waits.append(timeout) or real(0.0))
+        store, appended = idx._engine.store, []
+        commit = store.commit
+        monkeypatch.setattr(store, "commit", lambda change, io: appended.append(len(change.appends)) or commit(change, io))
+        new = rng.standard_normal((200, 8)).astype(np.float32)
+        idx.upsert(np.arange(2000, 2200), new)
+        assert len(appended) == 1 and appended[0] >= 3
+        if mode == "sla":
+            # once before the commit, then after each early piece of 2 postings
+            assert len(waits) == 1 + -(-appended[0] // 2)
+            assert all(t == idx.config.interactive_p99_ms / 1000 for t in waits)
+        else:
+            assert waits == []
+        assert idx.search(new[0], 1).ids[0] == 2000
