@@ -246,6 +246,7 @@ class Rebalancer:
         wanted = [np.asarray(cuts[int(p)], dtype=np.int64) for p in pids]
         cut_owner = np.repeat(np.arange(pids.size, dtype=np.int64), [w.size for w in wanted])
         keep[np.isin((owner << 40) | keys, (cut_owner << 40) | np.concatenate(wanted))] = False
+        eng.yield_to_searches()
         with eng.lock:
             now_len = eng.lengths(pids)
             grown = now_len > snap_len
@@ -311,6 +312,7 @@ class Rebalancer:
         merge &= targets >= 0
         gc |= (n_live > 0) & ~split & ~drop & ~merge & ((snap_len > n_live) | scattered)
 
+        eng.yield_to_searches()  # planning and linking the new heads hold the GIL
         with eng.lock:
             plan = _Plan(eng, pids, recs_f, recs_u, offsets, keep, labels, split, ks, cent_off,
                          centroids, drop, merge, targets, gc, snap_len, self._limbo_pids)
@@ -390,6 +392,7 @@ class Rebalancer:
         eng, cfg = self._engine, self._engine.config
         g = eng.state.graph
         for lo in range(0, old_centers.shape[0], REASSIGN_GROUP):
+            eng.yield_to_searches()
             hi = min(lo + REASSIGN_GROUP, old_centers.shape[0])
             m = min(cfg.reassign_neighbors, g.n_alive)
             near, _, counts = g.search(old_centers[lo:hi], native.L2, m, np.inf, cfg.ef_for(m))
@@ -453,6 +456,7 @@ class Rebalancer:
         # from here on, holder pairs are only the stale copies to cut
         (vids, versions, vectors, heads, counts, has), h_idx, h_pid = _rows_and_pairs(
             move, (vids, versions, vectors, heads, counts, has), h_idx, h_pid, move[h_idx] & stale)
+        eng.yield_to_searches()
         with eng.lock:
             g = eng.state.graph
             # compare-and-set: skip vids changed or deleted since they were read, and any whose

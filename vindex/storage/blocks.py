@@ -83,6 +83,7 @@ log = logging.getLogger("vindex.storage.blocks")
 GROW_MIN_BLOCKS = 1024    # grow the data file by at least 4 MiB (and 1/8 of its size)
 WRITE_CHUNK = 16 << 20    # bulk_load writes through a buffer of this size
 SYNC_TO_REUSE = 1024      # blocks waiting only for an fsync that make a commit sync, not grow
+PAUSE_MIN_POSTINGS = 64   # commits writing more postings pause for running searches in between
 _ZEROS = bytes(BLOCK)     # padding to a whole block
 
 
@@ -443,9 +444,11 @@ class BlockStore:
                 return 0
             if any(w.tail >= 0 for w in work.values()):
                 self._read_tails(work, io)
+            self._pause(change)
             self._reclaim()
             chosen = self._allocate([blocks_for(sum(len(p) for p in w.pieces)) for w in work.values()])
             sums = self._write(list(work.values()), chosen)
+            self._pause(change)
             entries: Entries = {}
             for (pid, w), new, new_sums in zip(work.items(), chosen, sums):
                 entries[pid] = (Entry(np.concatenate((w.kept, new)), w.records,
@@ -460,6 +463,13 @@ class BlockStore:
                 self._user.append((seq, offset, len(rec)))
             self._apply(entries, np.concatenate(chosen) if chosen else EMPTY, released)
             return seq
+
+    @staticmethod
+    def _pause(change: Change) -> None:
+        """Between the stretches of a large commit that hold the GIL (planning and reading
+        tails; allocating and writing; the log and the map), let running searches finish."""
+        if change.pause is not None and len(change.appends) + len(change.replaces) > PAUSE_MIN_POSTINGS:
+            change.pause()
 
     def _plan(self, change: Change) -> tuple[dict[int, _Rewrite], np.ndarray]:
         """What ``change`` rewrites, in the order drops, replaces, appends (as rocks applies
