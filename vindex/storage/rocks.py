@@ -150,8 +150,7 @@ class RocksStore:
         pids = np.asarray(pids, dtype=np.int64)
         chunks_arr = self._chunks.array()
         if pids.size and int(pids.max()) >= chunks_arr.shape[0]:  # heads never written to
-            chunks = np.where(pids < chunks_arr.shape[0],
-                              chunks_arr[np.minimum(pids, chunks_arr.shape[0] - 1)], 0)
+            chunks = self._chunks.get(pids)
         else:
             chunks = chunks_arr[pids]
         # Plain Python lists: for the few postings of one query, numpy call overheads would
@@ -308,9 +307,7 @@ class RocksStore:
         return self._lengths.array()
 
     def fragments(self, pids: np.ndarray) -> np.ndarray:
-        chunks = self._chunks.array()
-        pids = np.asarray(pids, dtype=np.int64)
-        return np.where(pids < chunks.shape[0], chunks[np.minimum(pids, chunks.shape[0] - 1)], 0)
+        return self._chunks.get(pids)
 
     # --- log ----------------------------------------------------------------------------------
     def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
