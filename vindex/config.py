@@ -59,8 +59,11 @@ class IndexConfig:
     """Split, merge, reassign and garbage-collect postings in the background. Off: appends only."""
     merge_fraction: float = 0.35
     """A posting with fewer live vectors than this fraction of the budget is merged away."""
-    gc_fraction: float = 0.25
-    """A posting is rewritten without garbage once this fraction of it is known dead."""
+    gc_fraction: float = 0.1
+    """A posting is rewritten without garbage once this fraction of it is known dead. The
+    rewrite is also when a shrinking posting is found small enough to merge, so under deletes
+    this keeps postings as full as a fresh build's (0.25 left the churn benchmark's postings
+    with 18% garbage and 15% fewer live vectors, and 0.015 less recall at max_postings 16)."""
     reassign_neighbors: int = 64
     """Postings around a split whose vectors are checked for reassignment."""
     scrub_ratio: float = 1.0

@@ -295,7 +295,9 @@ class Rebalancer:
             recs_f, recs_u, offsets, keep, n_live = self._read(pids)
         target = max(2, int(limit * cfg.build_fill))
         split = n_live > limit
-        ks = np.where(split, np.maximum(2, np.ceil(n_live / target)), 0).astype(np.int64)
+        # children as full as a build's postings: rounding up made a posting one vector over
+        # the limit into three children at the merge threshold, which merges then undid
+        ks = np.where(split, np.maximum(2, np.rint(n_live / target)), 0).astype(np.int64)
         many_heads = g.n_alive > 1
         drop = (n_live == 0) & many_heads
         merge = (n_live > 0) & (n_live < limit * cfg.merge_fraction) & many_heads & ~split
