@@ -199,3 +199,34 @@ def test_writes_after_reopening_a_checkpointed_index_survive(tmp_path):
             expect += 10
     with vindex.Index.open(path) as index:
         assert len(index) == expect == 30
+
+
+def test_a_split_leaves_children_about_as_full_as_a_build():
+    from vindex.rebalance import split_children
+    limit, fill = 94, 0.5  # 128-d records in the default budget; a build fills 47 of them
+    got = split_children(np.array([95, 140, 141, 300, 1000]), limit, fill)
+    np.testing.assert_array_equal(got, [2, 3, 3, 6, 21])
+    # one over the limit: two children, each above the merge threshold (0.35 of the limit)
+    assert 95 / split_children(np.array([95]), limit, fill)[0] > 0.35 * limit
+    assert split_children(np.array([95]), limit, 1.0)[0] == 2  # never fewer than two
+
+
+def test_far_vectors_get_new_heads_only_where_they_cluster(tmp_path):
+    """Vectors far outside every posting get heads of their own when they form a new region,
+    not when they are scattered in all directions (a head at their centre would be farther
+    from each of them than the heads they have)."""
+    rng = np.random.default_rng(9)
+    centres = rng.normal(0, 40, (8, 8)).astype(np.float32)
+    base = (centres[rng.integers(0, 8, 2000)] + rng.normal(0, 1, (2000, 8))).astype(np.float32)
+    with vindex.Index.build(tmp_path / "f", base, **SMALL) as index:
+        heads = index.stats()["heads"]
+        directions = rng.normal(0, 1, (40, 8))
+        directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+        scattered = (centres[rng.integers(0, 8, 40)] + 30 * directions).astype(np.float32)
+        index.upsert(np.arange(5000, 5040), scattered)
+        assert index.stats()["heads"] == heads  # only appended: no head would be nearer
+        region = (np.full(8, 300, np.float32) + rng.normal(0, 1, (40, 8))).astype(np.float32)
+        index.upsert(np.arange(6000, 6040), region)
+        assert index.stats()["heads"] > heads  # a new region: heads of its own
+        got = index.search(region[:5], 1).ids[:, 0]
+        np.testing.assert_array_equal(got, np.arange(6000, 6005))

@@ -48,6 +48,15 @@ RETRY_PAUSE_S = 0.5
 DEFERRED_POLL_S = 0.005
 
 
+def split_children(n_live: np.ndarray, limit: int, build_fill: float) -> np.ndarray:
+    """How many postings a split makes of postings holding ``n_live`` live vectors: as many
+    as leave them about as full as a build's (``build_fill`` of the ``limit``), at least 2.
+    Rounding up instead made a posting one vector over the limit into three children at the
+    merge threshold, which merges then undid (more heads, emptier postings, less recall)."""
+    target = max(2, int(limit * build_fill))
+    return np.maximum(2, np.rint(np.asarray(n_live) / target)).astype(np.int64)
+
+
 class Rebalancer:
     """The background worker of one index."""
 
@@ -293,11 +302,8 @@ class Rebalancer:
         with eng.lock:  # a snapshot consistent with the version map (see ``_read``)
             snap_len = eng.lengths(pids)
             recs_f, recs_u, offsets, keep, n_live = self._read(pids)
-        target = max(2, int(limit * cfg.build_fill))
         split = n_live > limit
-        # children as full as a build's postings: rounding up made a posting one vector over
-        # the limit into three children at the merge threshold, which merges then undid
-        ks = np.where(split, np.maximum(2, np.rint(n_live / target)), 0).astype(np.int64)
+        ks = np.where(split, split_children(n_live, limit, cfg.build_fill), 0)
         many_heads = g.n_alive > 1
         drop = (n_live == 0) & many_heads
         merge = (n_live > 0) & (n_live < limit * cfg.merge_fraction) & many_heads & ~split
