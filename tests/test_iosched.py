@@ -393,3 +393,28 @@ def test_large_rocksdb_commit_yields_to_searches_between_pieces_under_sla_only(t
         else:
             assert waits == []
         assert idx.search(new[0], 1).ids[0] == 2000
+
+
+def test_a_pause_repriced_in_slices_ends_soon_after_searches_stop():
+    """The background worker re-prices its pause every ``PACE_SLICE_S``: a long step at the
+    floor share asks for tens of seconds, but with no searches the share climbs back and the
+    debt is repaid within a few seconds."""
+    from vindex.iosched import BackgroundPacer
+    from vindex.rebalance import PACE_SLICE_S
+
+    now = [0.0]
+    p = BackgroundPacer("sla", 0.002, clock=lambda: now[0])
+    for t in range(12):  # searches miss their target for 3 s: the share falls to the floor
+        now[0] = 0.25 * t
+        for _ in range(5):
+            p.observe(0.010, 1)
+    assert p.duty == pytest.approx(0.05)
+    pause = p.charge(2.0)  # a 2 s round at a 5% share
+    assert pause > 30
+    slept = 0.0
+    while pause > PACE_SLICE_S / 50:  # what the worker does, with no searches any more
+        step = min(pause, PACE_SLICE_S)
+        now[0] += step
+        slept += step
+        pause = p.charge(0.0)
+    assert slept < 5 and p.duty == 1.0

@@ -44,6 +44,8 @@ FOLD_FRAGMENTS = 8
 REASSIGN_GROUP = 16
 #: Pause after a failed round before retrying its postings.
 RETRY_PAUSE_S = 0.5
+#: Longest sleep between re-pricing a pause the pacer asked for.
+PACE_SLICE_S = 0.05
 #: How often deferred work is checked for searches that still hold it back.
 DEFERRED_POLL_S = 0.005
 
@@ -183,9 +185,14 @@ class Rebalancer:
                     self._busy = False
                     self._cv.notify_all()
             pause = eng.pacer.charge(time.perf_counter() - started)
-            if pause > 0:  # searches are missing their latency target: yield the CPU and GIL
+            while pause > PACE_SLICE_S / 50:  # searches are missing their latency target: yield the CPU and GIL
+                # in slices: the pause was priced at the share of time searches allowed then,
+                # and that share grows back once they stop (a long round at the floor share
+                # would otherwise sleep on for tens of seconds after the last search)
                 with self._cv:
-                    self._cv.wait_for(lambda: self._stop, timeout=pause)
+                    if self._cv.wait_for(lambda: self._stop, timeout=min(pause, PACE_SLICE_S)):
+                        break
+                pause = eng.pacer.charge(0.0)
 
     def _defer(self, drops: list[int], cuts: dict[int, np.ndarray]) -> None:
         with self._cv:
