@@ -474,6 +474,7 @@ class Index:
             "rebalance": self.config.rebalance,
             "splits": bg["splits"], "merges": bg["merges"], "reassigns": bg["reassigns"],
             "gc": bg["gc"], "drops": bg["drops"], "background_rounds": bg["rounds"],
+            "stale_copies": self._rebalancer.stale_copies,
             "background_errors": bg["errors"], "background_queue": self._rebalancer.depth,
             "log_seq": eng.seq,
             "checkpoint_seq": eng.checkpoint_seq,

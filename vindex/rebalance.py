@@ -75,6 +75,10 @@ class Rebalancer:
         # search that started before the boundary is done
         self._deferred: list[tuple[int, list[int], dict[int, np.ndarray]]] = []
         self._limbo_pids: set[int] = set()  # dropped heads whose postings still exist
+        # {posting: copy keys} no search needs any more, cut out once enough of a posting is
+        # stale (or when a round rewrites it anyway): one rewrite per copy moved out of a
+        # posting cost half the background thread's time during ingest
+        self._stale: dict[int, np.ndarray] = {}
         # scrubbing: vectors to re-check, earned by writes; a cursor walks the heads
         self._scrub_credit = 0.0
         self._scrub_cursor = 0
@@ -117,6 +121,12 @@ class Rebalancer:
         """Removed heads whose postings are not dropped yet: their pids are not free."""
         with self._cv:
             return set(self._limbo_pids)
+
+    @property
+    def stale_copies(self) -> int:
+        """Copies moved out of postings that no search needs any more, not cut out yet."""
+        with self._cv:
+            return sum(v.size for v in self._stale.values())
 
     @property
     def depth(self) -> int:
@@ -207,6 +217,8 @@ class Rebalancer:
             for _, _, cuts in self._deferred:
                 for p in gone.intersection(cuts):
                     del cuts[p]
+            for p in gone.intersection(self._stale):
+                del self._stale[p]
 
     def _cancel_cuts(self, pids: np.ndarray, keys: np.ndarray) -> None:
         """Copies ``keys[i]`` were just written to posting ``pids[i]`` again (a reassignment
@@ -216,7 +228,7 @@ class Rebalancer:
         uniq, starts = np.unique(pids, return_index=True)
         where = dict(zip(uniq.tolist(), zip(starts.tolist(), np.append(starts[1:], pids.size).tolist())))
         with self._cv:
-            for _, _, cuts in self._deferred:
+            for cuts in [c for _, _, c in self._deferred] + [self._stale]:
                 for p in where.keys() & cuts.keys():
                     lo, hi = where[p]
                     cuts[p] = cuts[p][~np.isin(cuts[p], keys[lo:hi])]
@@ -232,12 +244,18 @@ class Rebalancer:
         drops = [p for _, group, _ in ready for p in group]
         if drops:
             eng.store.commit(Change(drops=drops), IOClass.BACKGROUND)
-        cuts: dict[int, list[np.ndarray]] = {}
-        for _, _, c in ready:
-            for pid, vids in c.items():
-                cuts.setdefault(pid, []).append(vids)
+        with self._cv:
+            for _, _, c in ready:
+                for pid, keys in c.items():
+                    if keys.size:
+                        self._stale[pid] = np.union1d(self._stale.get(pid, keys[:0]), keys)
+            pids = np.fromiter(self._stale, dtype=np.int64, count=len(self._stale))
+            n_stale = np.fromiter((v.size for v in self._stale.values()), dtype=np.int64, count=pids.size)
+            full = n_stale + self._engine.state.garbage[pids] >= np.maximum(
+                1, self._engine.config.gc_fraction * self._engine.lengths(pids))
+            cuts = {int(p): self._stale.pop(int(p)) for p in pids[full]}
         if cuts:
-            self._cut({p: np.unique(np.concatenate(v)) for p, v in cuts.items()})
+            self._cut(cuts)
         with self._cv:
             self._deferred = [d for d in self._deferred if not any(d is r for r in ready)]
             self._limbo_pids.difference_update(drops)
@@ -295,7 +313,24 @@ class Rebalancer:
         recs_f, recs_u = records.view(np.array(batch.data), self._engine.dim)
         keep, n_live = native.lire.live_dedupe(recs_u, batch.offsets, self._engine.state.idmap.versions,
                                                 self._seen_scratch())
+        stale = self._stale_copies(pids, recs_u, batch.offsets)
+        if stale is not None:  # copies waiting to be cut count as garbage
+            keep &= ~stale
+            n_live = np.diff(np.concatenate(([0], np.cumsum(keep)))[batch.offsets])
         return recs_f, recs_u, batch.offsets, keep, n_live
+
+    def _stale_copies(self, pids: np.ndarray, recs_u: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
+        """Mask of the records that are copies in ``_stale`` (None when there are none)."""
+        with self._cv:
+            lists = [self._stale.get(int(p)) for p in pids]
+        if not any(k is not None for k in lists):
+            return None
+        # (posting index, copy key) pairs packed into one int64 (keys are vid * 256 + version < 2^40)
+        owner = np.repeat(np.arange(pids.size, dtype=np.int64), np.diff(offsets))
+        keys = recs_u[:, 0].astype(np.int64) * 256 + recs_u[:, 1]
+        wanted = [k if k is not None else np.zeros(0, np.int64) for k in lists]
+        w_owner = np.repeat(np.arange(pids.size, dtype=np.int64), [w.size for w in wanted])
+        return np.isin((owner << 40) | keys, (w_owner << 40) | np.concatenate(wanted))
 
     # --- one round ----------------------------------------------------------------------------
     def _round(self, pids: np.ndarray) -> None:
@@ -333,6 +368,9 @@ class Rebalancer:
                          centroids, drop, merge, targets, gc, snap_len, self._limbo_pids)
             old_centers = g.vectors[pids[split]].copy()
             plan.commit()
+            with self._cv:  # rewritten without their stale copies (``_read`` left them out)
+                for p in set(pids.tolist()).intersection(plan.replaces):
+                    self._stale.pop(p, None)
             if plan.merged_vids.size:
                 self._cancel_cuts(plan.merged_to, plan.merged_vids * 256 + plan.merged_versions)
             if plan.drops:  # searches that started before now may still read these postings
