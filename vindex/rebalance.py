@@ -245,12 +245,14 @@ class Rebalancer:
         if drops:
             eng.store.commit(Change(drops=drops), IOClass.BACKGROUND)
         with self._cv:
+            grew = set()  # only postings with new stale copies can have reached the threshold
             for _, _, c in ready:
                 for pid, keys in c.items():
                     if keys.size:
                         self._stale[pid] = np.union1d(self._stale.get(pid, keys[:0]), keys)
-            pids = np.fromiter(self._stale, dtype=np.int64, count=len(self._stale))
-            n_stale = np.fromiter((v.size for v in self._stale.values()), dtype=np.int64, count=pids.size)
+                        grew.add(pid)
+            pids = np.fromiter(grew, dtype=np.int64, count=len(grew))
+            n_stale = np.fromiter((self._stale[p].size for p in grew), dtype=np.int64, count=pids.size)
             full = n_stale + self._engine.state.garbage[pids] >= np.maximum(
                 1, self._engine.config.gc_fraction * self._engine.lengths(pids))
             cuts = {int(p): self._stale.pop(int(p)) for p in pids[full]}
