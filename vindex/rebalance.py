@@ -275,13 +275,7 @@ class Rebalancer:
         with eng.lock:
             snap_len = eng.lengths(pids)
             recs_f, recs_u, offsets, keep, _ = self._read(pids)
-        # one membership test for every posting: (posting index, copy key) pairs, packed
-        # into one int64 (keys are vid * 256 + version < 2^40)
-        owner = np.repeat(np.arange(pids.size, dtype=np.int64), np.diff(offsets))
-        keys = recs_u[:, 0].astype(np.int64) * 256 + recs_u[:, 1]
-        wanted = [np.asarray(cuts[int(p)], dtype=np.int64) for p in pids]
-        cut_owner = np.repeat(np.arange(pids.size, dtype=np.int64), [w.size for w in wanted])
-        keep[np.isin((owner << 40) | keys, (cut_owner << 40) | np.concatenate(wanted))] = False
+        keep[_copies_named(recs_u, offsets, [cuts[int(p)] for p in pids])] = False
         eng.yield_to_searches()
         with eng.lock:
             now_len = eng.lengths(pids)
@@ -325,14 +319,9 @@ class Rebalancer:
         """Mask of the records that are copies in ``_stale`` (None when there are none)."""
         with self._cv:
             lists = [self._stale.get(int(p)) for p in pids]
-        if not any(k is not None for k in lists):
+        if all(k is None for k in lists):
             return None
-        # (posting index, copy key) pairs packed into one int64 (keys are vid * 256 + version < 2^40)
-        owner = np.repeat(np.arange(pids.size, dtype=np.int64), np.diff(offsets))
-        keys = recs_u[:, 0].astype(np.int64) * 256 + recs_u[:, 1]
-        wanted = [k if k is not None else np.zeros(0, np.int64) for k in lists]
-        w_owner = np.repeat(np.arange(pids.size, dtype=np.int64), [w.size for w in wanted])
-        return np.isin((owner << 40) | keys, (w_owner << 40) | np.concatenate(wanted))
+        return _copies_named(recs_u, offsets, [k if k is not None else np.zeros(0, np.int64) for k in lists])
 
     # --- one round ----------------------------------------------------------------------------
     def _round(self, pids: np.ndarray) -> None:
@@ -540,6 +529,18 @@ class Rebalancer:
         targets = np.asarray(list(appends), dtype=np.int64)
         if targets.size:
             self.notify(targets[eng.lengths(targets) > eng.limit])
+
+
+def _copies_named(recs_u: np.ndarray, offsets: np.ndarray, keys: list[np.ndarray]) -> np.ndarray:
+    """Mask of the records of posting ``i`` (``offsets[i]:offsets[i+1]``) whose copy key
+    (``vid * 256 + version``) is in ``keys[i]``: one membership test for every posting, its
+    (posting index, key) pairs packed into one int64 (keys are < 2^40)."""
+    n = len(keys)
+    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
+    have = recs_u[:, 0].astype(np.int64) * 256 + recs_u[:, 1]
+    wanted = [np.asarray(k, dtype=np.int64) for k in keys]
+    w_owner = np.repeat(np.arange(n, dtype=np.int64), [w.size for w in wanted])
+    return np.isin((owner << 40) | have, (w_owner << 40) | np.concatenate(wanted))
 
 
 def _rows_and_pairs(rows: np.ndarray, arrays: tuple, h_idx: np.ndarray, h_pid: np.ndarray,
