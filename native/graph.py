@@ -112,6 +112,20 @@ def search_batch(queries, heads, nbrs, entries, metric, m, eps, visited, stamp0,
 
 
 @nb.njit(**_q)
+def search_batch_seeded(queries, heads, nbrs, seeds, metric, m, eps, visited, stamp0, bd, bi, bx,
+                        out_ids, out_d):
+    """``search_batch`` with entry points of its own per query: ``seeds[i]`` (-1 padded),
+    heads known to lie near query ``i``, so the beam starts where it would end up."""
+    nq = queries.shape[0]
+    counts = np.zeros(nq, dtype=np.int32)
+    for i in range(nq):
+        size = beam_search(queries[i], heads, nbrs, seeds[i], metric, visited,
+                           np.uint32(stamp0 + i), bd, bi, bx)
+        counts[i] = heap.emit_pruned(bd, bi, min(size, m), eps, out_ids[i], out_d[i])
+    return counts
+
+
+@nb.njit(**_q)
 def exact_search(queries, heads, alive, metric, m, eps, out_ids, out_d):
     """``search_batch`` by scoring every alive head (small head sets, few queries)."""
     counts = np.zeros(queries.shape[0], dtype=np.int32)

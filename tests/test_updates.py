@@ -239,3 +239,22 @@ def test_far_vectors_get_new_heads_only_where_they_cluster(tmp_path):
         assert index.stats()["heads"] > heads  # a new region: heads of its own
         got = index.search(region[:5], 1).ids[:, 0]
         np.testing.assert_array_equal(got, np.arange(6000, 6005))
+
+
+def test_a_copy_written_back_is_not_cut_later(tmp_path):
+    # a reassignment or merge back into a posting cancels cuts pending for that copy there,
+    # in the deferred queue and among the stale copies, and nowhere else
+    with vindex.Index.create(tmp_path / "c", dim=8, **SMALL) as index:
+        rb, readers = index._rebalancer, index._engine.readers
+        assert index.wait_idle(timeout=10)
+        with readers.search():  # a running search holds the deferred cuts back
+            with rb._cv:
+                rb._stale = {5: np.array([1, 2, 3]), 7: np.array([4]), 8: np.array([2])}
+                rb._deferred = [(readers.now(), [], {5: np.array([2, 6]), 9: np.array([1])})]
+            rb._cancel_cuts(np.array([5, 7, 9, 5]), np.array([2, 9, 1, 3]))
+            with rb._cv:
+                stale = {p: k.tolist() for p, k in rb._stale.items()}
+                deferred = {p: k.tolist() for p, k in rb._deferred[0][2].items()}
+                rb._stale, rb._deferred = {}, []
+        assert stale == {5: [1], 7: [4], 8: [2]}
+        assert deferred == {5: [6], 9: []}

@@ -223,15 +223,24 @@ class Rebalancer:
     def _cancel_cuts(self, pids: np.ndarray, keys: np.ndarray) -> None:
         """Copies ``keys[i]`` were just written to posting ``pids[i]`` again (a reassignment
         back, or a merge): pending cuts of those copies there must not remove them."""
-        order = np.argsort(pids, kind="stable")
-        pids, keys = pids[order], keys[order]
-        uniq, starts = np.unique(pids, return_index=True)
-        where = dict(zip(uniq.tolist(), zip(starts.tolist(), np.append(starts[1:], pids.size).tolist())))
+        # one membership test per table of cuts, not one per posting: a reassignment names
+        # thousands of postings, and a test per posting was a fifth of the drain's time
+        written = np.sort((np.asarray(pids, dtype=np.int64) << 40) | keys)
+        touched = set(np.unique(pids).tolist())
         with self._cv:
             for cuts in [c for _, _, c in self._deferred] + [self._stale]:
-                for p in where.keys() & cuts.keys():
-                    lo, hi = where[p]
-                    cuts[p] = cuts[p][~np.isin(cuts[p], keys[lo:hi])]
+                hit = sorted(touched.intersection(cuts))
+                if not hit:
+                    continue
+                pending = [cuts[p] for p in hit]
+                sizes = [k.size for k in pending]
+                packed = (np.repeat(np.asarray(hit, dtype=np.int64), sizes) << 40) | np.concatenate(pending)
+                back = written[np.minimum(np.searchsorted(written, packed), written.size - 1)] == packed
+                if not back.any():
+                    continue
+                for p, keep in zip(hit, np.split(~back, np.cumsum(sizes)[:-1])):
+                    if not keep.all():
+                        cuts[p] = cuts[p][keep]
 
     def _run_deferred(self) -> None:
         """Drop postings of removed heads and cut moved copies out of their old postings, for
@@ -484,7 +493,8 @@ class Rebalancer:
         h_idx, h_pid = holders if holders is not None else (np.arange(n), owner)
         h_pid = np.asarray(h_pid, dtype=np.int64)
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        heads, counts, _ = select_replicas(eng.state, vectors, cfg, self._pool)
+        # each search starts at the posting the vector was seen in, near where it ends up
+        heads, counts, _ = select_replicas(eng.state, vectors, cfg, self._pool, seeds=owner)
         heads = heads.astype(np.int64)
         # has[i, j]: picked posting j of vector i already holds a copy (its home counts: the
         # posting its latest write or move put it in)

@@ -26,26 +26,29 @@ PARALLEL_MIN_ROWS = 256
 
 
 def select_replicas(state: State, x: np.ndarray, config: IndexConfig,
-                    pool: ThreadPoolExecutor | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    pool: ThreadPoolExecutor | None = None, seeds: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Postings for each row of ``x``: ``(heads (n, max_replicas) -1 padded, counts,
-    squared distance to the nearest head)``."""
+    squared distance to the nearest head)``. ``seeds``: a head near each row to start its
+    search from (see ``HeadGraph.search``; the rebalancer's, which alone retires heads)."""
     g = state.graph
     n_cand = min(config.insert_candidates, g.n_alive)
     ef = config.ef_for(n_cand)
 
-    def one(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        cand, cand_d, _ = g.search(part, native.L2, n_cand, np.inf, ef)
-        reps = np.empty((part.shape[0], config.max_replicas), dtype=np.int32)
-        reps_d = np.empty((part.shape[0], config.max_replicas), dtype=np.float32)
+    def one(part: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        cand, cand_d, _ = g.search(x[part], native.L2, n_cand, np.inf, ef,
+                                   None if seeds is None else seeds[part])
+        reps = np.empty((cand.shape[0], config.max_replicas), dtype=np.int32)
+        reps_d = np.empty((cand.shape[0], config.max_replicas), dtype=np.float32)
         counts = native.replicas.select(cand, cand_d, g.vectors, config.replica_eps,
                                         config.rng_factor, reps, reps_d)
         return reps, counts, reps_d[:, 0]
 
     n_parts = min(os.cpu_count() or 1, x.shape[0] // PARALLEL_MIN_ROWS)
     if pool is None or n_parts < 2:
-        return one(x)
+        return one(slice(None))
     bounds = np.linspace(0, x.shape[0], n_parts + 1).astype(np.int64).tolist()
-    done = list(pool.map(one, [x[a:b] for a, b in zip(bounds[:-1], bounds[1:])]))
+    done = list(pool.map(one, [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]))
     return tuple(np.concatenate([d[j] for d in done]) for j in range(3))
 
 
