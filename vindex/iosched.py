@@ -51,10 +51,10 @@ def lower_thread_priority(nice: int = LOW_PRIORITY_NICE) -> bool:
         return False
 
 
-def yielding_pool(name: str, yields: bool = True) -> ThreadPoolExecutor:
-    """A pool of one thread per core whose threads run at ``LOW_PRIORITY_NICE`` if ``yields``
-    (work that gives the cores to searches first)."""
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix=name,
+def yielding_pool(name: str, yields: bool = True, workers: int = 0) -> ThreadPoolExecutor:
+    """A pool of ``workers`` threads (0: one per core) that run at ``LOW_PRIORITY_NICE`` if
+    ``yields`` (work that gives the cores to searches first)."""
+    return ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1, thread_name_prefix=name,
                               initializer=lower_thread_priority if yields else None)
 
 

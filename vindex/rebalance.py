@@ -88,6 +88,7 @@ class Rebalancer:
         # threads run at the rebalancer's priority
         self._yields = engine.config.io_scheduler == "sla"
         self._pool = yielding_pool("vindex-background", self._yields)
+        self._reader = yielding_pool("vindex-background-read", self._yields, workers=1)
         self._thread = threading.Thread(target=self._run, name="vindex-background", daemon=True)
         self._thread.start()
 
@@ -151,6 +152,7 @@ class Rebalancer:
             self._cv.notify_all()
         self._thread.join()
         self._pool.shutdown(wait=True)
+        self._reader.shutdown(wait=True)
 
     # --- worker -------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -314,15 +316,40 @@ class Rebalancer:
         Callers that drop records judged dead here hold the writers' lock: a foreground write
         commits its records before it marks their vids live, and a read in between would take
         new records for garbage."""
+        return self._decode(pids, *self._fetch(pids))
+
+    def _fetch(self, pids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posting bytes, copied out of the calling thread's read buffer, and record offsets."""
         batch = self._engine.store.read(pids, IOClass.BACKGROUND)
-        recs_f, recs_u = records.view(np.array(batch.data), self._engine.dim)
-        keep, n_live = native.lire.live_dedupe(recs_u, batch.offsets, self._engine.state.idmap.versions,
+        return np.array(batch.data), batch.offsets
+
+    def _decode(self, pids: np.ndarray, data: np.ndarray, offsets: np.ndarray):
+        """``_read``'s records and liveness from fetched bytes (liveness as of now)."""
+        recs_f, recs_u = records.view(data, self._engine.dim)
+        keep, n_live = native.lire.live_dedupe(recs_u, offsets, self._engine.state.idmap.versions,
                                                 self._seen_scratch())
-        stale = self._stale_copies(pids, recs_u, batch.offsets)
+        stale = self._stale_copies(pids, recs_u, offsets)
         if stale is not None:  # copies waiting to be cut count as garbage
             keep &= ~stale
-            n_live = np.diff(np.concatenate(([0], np.cumsum(keep)))[batch.offsets])
-        return recs_f, recs_u, batch.offsets, keep, n_live
+            n_live = np.diff(np.concatenate(([0], np.cumsum(keep)))[offsets])
+        return recs_f, recs_u, offsets, keep, n_live
+
+    def _read_ahead(self, pid_lists: list[np.ndarray]):
+        """``_read`` of each list in turn, fetching the next list while the caller works on
+        this one: the store read releases the GIL, and waiting for the neighbourhoods'
+        reads was a fifth of the drain. A fetched posting may miss a move the caller makes
+        meanwhile; that costs at most a redundant copy (same version), which searches and
+        ``live_dedupe`` drop as a duplicate."""
+        ahead = None
+        for i, pids in enumerate(pid_lists):
+            fetched = ahead.result() if ahead is not None else self._fetch(pids)
+            ahead = self._reader.submit(self._fetch, pid_lists[i + 1]) if i + 1 < len(pid_lists) else None
+            try:
+                yield self._decode(pids, *fetched)
+            except GeneratorExit:
+                if ahead is not None:
+                    ahead.cancel()
+                raise
 
     def _stale_copies(self, pids: np.ndarray, recs_u: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
         """Mask of the records that are copies in ``_stale`` (None when there are none)."""
@@ -444,21 +471,25 @@ class Rebalancer:
                                centroids: np.ndarray, cent_starts: np.ndarray, ks: np.ndarray) -> None:
         eng, cfg = self._engine, self._engine.config
         g = eng.state.graph
+        m = min(cfg.reassign_neighbors, g.n_alive)
+        near, _, counts = g.search(old_centers, native.L2, m, np.inf, cfg.ef_for(m))
+        groups = []  # per group of splits: (lo, hi, examined postings, pair posting, pair split, pair is child)
         for lo in range(0, old_centers.shape[0], REASSIGN_GROUP):
-            eng.yield_to_searches()
             hi = min(lo + REASSIGN_GROUP, old_centers.shape[0])
-            m = min(cfg.reassign_neighbors, g.n_alive)
-            near, _, counts = g.search(old_centers[lo:hi], native.L2, m, np.inf, cfg.ef_for(m))
             post, split_of, is_child = [], [], []
             for s in range(lo, hi):
                 kids = set(int(c) for c in children[s])
-                near_s = [int(b) for b in near[s - lo, :counts[s - lo]] if int(b) not in kids]
+                near_s = [int(b) for b in near[s, :counts[s]] if int(b) not in kids]
                 for b, child in [(c, True) for c in kids] + [(b, False) for b in near_s]:
                     post.append(b)
                     split_of.append(s - lo)
                     is_child.append(child)
             examined, pair_post = np.unique(np.asarray(post, dtype=np.int64), return_inverse=True)
-            recs_f, recs_u, offsets, keep, _ = self._read(examined)
+            groups.append((lo, hi, examined, pair_post, split_of, is_child))
+        reads = self._read_ahead([grp[2] for grp in groups])
+        for (lo, hi, examined, pair_post, split_of, is_child), read in zip(groups, reads):
+            recs_f, recs_u, offsets, keep, _ = read
+            eng.yield_to_searches()
             new_off = np.concatenate(([0], np.cumsum(ks[lo:hi])))
             new_centers = np.concatenate([centroids[cent_starts[s]:cent_starts[s] + ks[s]] for s in range(lo, hi)])
             cand = native.lire.reassign_candidates(
