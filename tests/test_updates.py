@@ -258,3 +258,24 @@ def test_a_copy_written_back_is_not_cut_later(tmp_path):
                 rb._stale, rb._deferred = {}, []
         assert stale == {5: [1], 7: [4], 8: [2]}
         assert deferred == {5: [6], 9: []}
+
+
+def test_reading_ahead_returns_what_reading_each_list_does(tmp_path):
+    # reassignment reads the next neighbourhood while it works on the current one
+    rng = np.random.default_rng(12)
+    with vindex.Index.create(tmp_path / "r", dim=8, **SMALL) as index:
+        index.upsert(np.arange(2000), ints(rng, 2000))
+        assert index.wait_idle(timeout=60)
+        rb, g = index._rebalancer, index._engine.state.graph
+        alive = np.flatnonzero(g.alive[: g.n])
+        lists = [alive[:5], alive[3:20], alive[-7:], alive[:0]]
+        ahead = list(rb._read_ahead(lists))
+        assert len(ahead) == len(lists)
+        for got, pids in zip(ahead, lists):
+            want = rb._read(pids)
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(a, b)
+        reads = rb._read_ahead(lists)
+        next(reads)
+        reads.close()  # a caller that stops early leaves no read behind
+        rb._reader.submit(lambda: None).result(timeout=10)

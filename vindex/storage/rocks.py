@@ -39,7 +39,7 @@ from .base import Change, IOClass, PostingBatch, ReadBuffers
 from .directory import Lengths
 
 _CFS = ("postings", "pdir", "log")
-_PDIR = struct.Struct(">II")
+_PDIR = struct.Struct(">II")  # posting directory value: (chunks, records); the same layout as _KEY by chance
 _PID = struct.Struct(">I")   # posting directory key
 _KEY = struct.Struct(">II")  # (pid, chunk) big-endian, so a posting's chunks are adjacent
 #: Flush and compaction write rate under ``io_scheduler="sla"`` (DESIGN.md: a 40 MB/s cap on
