@@ -227,7 +227,7 @@ class Rebalancer:
         back, or a merge): pending cuts of those copies there must not remove them."""
         # one membership test per table of cuts, not one per posting: a reassignment names
         # thousands of postings, and a test per posting was a fifth of the drain's time
-        written = np.sort((np.asarray(pids, dtype=np.int64) << 40) | keys)
+        written = _pair_keys(pids, keys)
         touched = set(np.unique(pids).tolist())
         with self._cv:
             for cuts in [c for _, _, c in self._deferred] + [self._stale]:
@@ -236,8 +236,7 @@ class Rebalancer:
                     continue
                 pending = [cuts[p] for p in hit]
                 sizes = [k.size for k in pending]
-                packed = (np.repeat(np.asarray(hit, dtype=np.int64), sizes) << 40) | np.concatenate(pending)
-                back = written[np.minimum(np.searchsorted(written, packed), written.size - 1)] == packed
+                back = np.isin(_pair_keys(np.repeat(hit, sizes), np.concatenate(pending)), written)
                 if not back.any():
                     continue
                 for p, keep in zip(hit, np.split(~back, np.cumsum(sizes)[:-1])):
@@ -572,16 +571,20 @@ class Rebalancer:
             self.notify(targets[eng.lengths(targets) > eng.limit])
 
 
+def _pair_keys(owners: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """(owner, copy key) pairs packed into one int64 each, so that one membership test
+    covers many postings (copy keys, ``vid * 256 + version``, are < 2^40)."""
+    return (np.asarray(owners, dtype=np.int64) << 40) | np.asarray(keys, dtype=np.int64)
+
+
 def _copies_named(recs_u: np.ndarray, offsets: np.ndarray, keys: list[np.ndarray]) -> np.ndarray:
     """Mask of the records of posting ``i`` (``offsets[i]:offsets[i+1]``) whose copy key
-    (``vid * 256 + version``) is in ``keys[i]``: one membership test for every posting, its
-    (posting index, key) pairs packed into one int64 (keys are < 2^40)."""
+    (``vid * 256 + version``) is in ``keys[i]``: one membership test for every posting."""
     n = len(keys)
-    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
     have = recs_u[:, 0].astype(np.int64) * 256 + recs_u[:, 1]
     wanted = [np.asarray(k, dtype=np.int64) for k in keys]
-    w_owner = np.repeat(np.arange(n, dtype=np.int64), [w.size for w in wanted])
-    return np.isin((owner << 40) | have, (w_owner << 40) | np.concatenate(wanted))
+    return np.isin(_pair_keys(np.repeat(np.arange(n), np.diff(offsets)), have),
+                   _pair_keys(np.repeat(np.arange(n), [w.size for w in wanted]), np.concatenate(wanted)))
 
 
 def _rows_and_pairs(rows: np.ndarray, arrays: tuple, h_idx: np.ndarray, h_pid: np.ndarray,
