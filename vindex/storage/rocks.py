@@ -4,10 +4,13 @@ Layout, one RocksDB directory with column families:
 
 * ``postings``: key ``(pid u32 BE, chunk u32 BE)`` -> records. An append writes one new chunk
   (rocksdict has no merge operator, and rewriting a whole posting per insert would multiply
-  write traffic); a replace folds a posting back into chunk 0. Readers fetch every chunk of
-  every wanted posting with one multi-get, which releases the GIL.
-* ``pdir``: key pid -> ``(chunks u32, records u32)``, the posting directory, updated in the
-  same WriteBatch as the chunks it describes and loaded into memory at open.
+  write traffic); a replace folds a posting into one chunk, at a key outside the posting's
+  current chunks. Readers fetch every chunk of every wanted posting with one multi-get,
+  which releases the GIL.
+* ``pdir``: key pid -> ``(chunks u32, records u32, first chunk u32)``, the posting directory
+  (the posting is chunks ``first .. first + chunks - 1``; values of stores written before
+  ``first`` existed are 8 bytes, and mean ``first = 0``), updated in the same WriteBatch as
+  the chunks it describes and loaded into memory at open.
 * ``log``: key seq u64 BE -> operation-log record, written in the same WriteBatch as the
   posting changes it describes.
 
@@ -39,14 +42,21 @@ from .base import Change, IOClass, PostingBatch, ReadBuffers
 from .directory import Lengths
 
 _CFS = ("postings", "pdir", "log")
-_PDIR = struct.Struct(">II")  # posting directory value: (chunks, records); the same layout as _KEY by chance
+_PDIR = struct.Struct(">III")  # posting directory value: (chunks, records, first chunk)
+_PDIR_V1 = struct.Struct(">II")  # (chunks, records) of stores written before ``first``
 _PID = struct.Struct(">I")   # posting directory key
 _KEY = struct.Struct(">II")  # (pid, chunk) big-endian, so a posting's chunks are adjacent
 #: Flush and compaction write rate under ``io_scheduler="sla"`` (DESIGN.md: a 40 MB/s cap on
 #: background writes took foreground read p99 from 340 back to 147 us on this disk).
 BACKGROUND_WRITE_BYTES_PER_S = 96 << 20
-#: Chunks per early write of a large commit's appends (see ``RocksStore._write_early``).
+#: A commit writing more chunks or bytes than this writes them ahead in pieces of at most
+#: this size (see ``RocksStore._write_ahead``): rocksdict's ``write`` holds the GIL.
 EARLY_WRITE_KEYS = 256
+EARLY_WRITE_BYTES = 256 * 1024
+#: Reads of a posting set that a concurrent commit moved (see ``RocksStore.read``) before
+#: giving up on finding the missing chunks.
+READ_ATTEMPTS = 1000
+_CHUNKS_MASK = (1 << 32) - 1
 
 
 def _key(pid: int, chunk: int) -> bytes:
@@ -120,8 +130,12 @@ class RocksStore:
         self._cf = {name: self._db.get_column_family(name) for name in _CFS}
         self._handle = {name: self._db.get_column_family_handle(name) for name in _CFS}
         self._write_lock = threading.Lock()
-        self._chunks = Lengths()
+        # per pid: ``first << 32 | chunks`` in one word, so that a reader sees both from the
+        # same commit; ``_dir_version`` is odd while a commit's batch lands and its directory
+        # changes (a seqlock: a read that raced it and found chunks missing reads again)
+        self._spans = Lengths()
         self._lengths = Lengths()
+        self._dir_version = 0
         self._load_directory()
         self._seq = self._last_seq()
         self._buffers = ReadBuffers()
@@ -133,11 +147,13 @@ class RocksStore:
     def _load_directory(self) -> None:
         for key, value in self._cf["pdir"].items():
             (pid,) = struct.unpack(">I", key)
-            chunks, records = _PDIR.unpack(value)
-            self._chunks.ensure(pid)
-            self._lengths.ensure(pid)
-            self._chunks[pid] = chunks
-            self._lengths[pid] = records
+            if len(value) == _PDIR_V1.size:
+                (chunks, records), first = _PDIR_V1.unpack(value), 0
+            else:
+                chunks, records, first = _PDIR.unpack(value)
+            for table, v in ((self._spans, first << 32 | chunks), (self._lengths, records)):
+                table.ensure(pid)
+                table[pid] = v
 
     def _last_seq(self) -> int:
         for key in self._cf["log"].keys(backwards=True):
@@ -148,27 +164,39 @@ class RocksStore:
     def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,
              tenant: str = "default") -> PostingBatch:
         pids = np.asarray(pids, dtype=np.int64)
-        chunks_arr = self._chunks.array()
-        if pids.size and int(pids.max()) >= chunks_arr.shape[0]:  # heads never written to
-            chunks = self._chunks.get(pids)
-        else:
-            chunks = chunks_arr[pids]
-        # Plain Python lists: for the few postings of one query, numpy call overheads would
-        # cost more than the loop; for a large batch the loop stays far below the read itself.
-        pack = _KEY.pack
-        counts = chunks.tolist()
-        keys = []
-        for pid, c in zip(pids.tolist(), counts):
-            if c == 1:
-                keys.append(pack(pid, 0))
-            else:
-                keys.extend(pack(pid, j) for j in range(c))
-        values = (self._io.run(io, lambda: self._multi_get(keys), tenant=tenant, deadline=deadline, cost=len(counts))
-                  if keys else [])
+        for _ in range(READ_ATTEMPTS):
+            version = self._dir_version
+            counts, keys = self._chunk_keys(pids)
+            values = (self._io.run(io, lambda: self._multi_get(keys), tenant=tenant, deadline=deadline,
+                                   cost=len(counts)) if keys else [])
+            # a replace moves a posting to new keys and deletes the old ones in one batch: a
+            # read that resolved the keys before it and fetched after finds them gone
+            if None not in values or (version % 2 == 0 and version == self._dir_version):
+                break
+            time.sleep(0)  # let the commit update the directory
         data, offsets = self._gather(values, counts)
         self.reads += len(counts)
         self.read_bytes += data.shape[0]
         return PostingBatch(data, offsets)
+
+    def _chunk_keys(self, pids: np.ndarray) -> tuple[list[int], list[bytes]]:
+        """Chunks per posting and the keys of all of them, from the directory as it is now."""
+        spans_arr = self._spans.array()
+        if pids.size and int(pids.max()) >= spans_arr.shape[0]:  # heads never written to
+            spans = self._spans.get(pids)
+        else:
+            spans = spans_arr[pids]
+        # Plain Python lists: for the few postings of one query, numpy call overheads would
+        # cost more than the loop; for a large batch the loop stays far below the read itself.
+        pack = _KEY.pack
+        counts = (spans & _CHUNKS_MASK).tolist()
+        keys = []
+        for pid, c, f in zip(pids.tolist(), counts, (spans >> 32).tolist()):
+            if c == 1:
+                keys.append(pack(pid, f))
+            else:
+                keys.extend(pack(pid, j) for j in range(f, f + c))
+        return counts, keys
 
     @property
     def scheduler(self) -> IOScheduler:
@@ -208,75 +236,90 @@ class RocksStore:
         with self._write_lock:
             batch = WriteBatch(raw_mode=True)
             post, pdir = self._handle["postings"], self._handle["pdir"]
-            touched = list(dict.fromkeys([*change.drops, *change.replaces, *change.appends]))
-            # (chunks, records) per touched posting, as this commit leaves it; read from the
-            # directory in one gather (a 1,000-row upsert touches ~1,000 postings)
-            pids = np.asarray(touched, dtype=np.int64)
-            new_dir = dict(zip(touched, zip(self._chunks.get(pids).tolist(), self._lengths.get(pids).tolist())))
-            for pid in change.drops:
-                chunks, _ = new_dir[pid]
-                if chunks:
-                    batch.delete_range(_key(pid, 0), _key(pid, chunks), post)
-                batch.delete(_PID.pack(pid), pdir)
-                new_dir[pid] = (0, 0)
-            for pid, data in change.replaces.items():
-                chunks, _ = new_dir[pid]
-                batch.put(_key(pid, 0), data, post)
-                if chunks > 1:
-                    batch.delete_range(_key(pid, 1), _key(pid, chunks), post)
-                new_dir[pid] = (1, len(data) // self.record_size)
-            early = self._write_early(change, new_dir)
             rs = self.record_size
-            for pid, data in change.appends.items():
-                chunks, records = new_dir[pid]
-                if pid not in early:
-                    batch.put(_key(pid, chunks), data, post)
-                new_dir[pid] = (chunks + 1, records + len(data) // rs)
-            pack_pid, pack_dir = _PID.pack, _PDIR.pack
-            for pid, (chunks, records) in new_dir.items():
+            touched = list(dict.fromkeys([*change.drops, *change.replaces, *change.appends]))
+            # [first, chunks, records] per touched posting, as this commit leaves it; read from
+            # the directory in one gather (a 1,000-row upsert touches ~1,000 postings)
+            pids = np.asarray(touched, dtype=np.int64)
+            spans = self._spans.get(pids)
+            new_dir = {p: [f, c, r] for p, f, c, r in zip(
+                touched, (spans >> 32).tolist(), (spans & _CHUNKS_MASK).tolist(), self._lengths.get(pids).tolist())}
+            dropped = set(change.drops)
+            for pid in change.drops:
+                first, chunks, _ = new_dir[pid]
+                if first + chunks:  # from chunk 0: chunks a failed commit left below ``first`` too
+                    batch.delete_range(_key(pid, 0), _key(pid, first + chunks), post)
+                batch.delete(_PID.pack(pid), pdir)
+                new_dir[pid] = [0, 0, 0]
+            # New chunks go to keys outside every posting's current chunks, so they can be
+            # written ahead of the batch (see ``_write_ahead``); a replace's old chunks are
+            # deleted in the batch. A chunk of a posting this commit drops follows its delete.
+            writes, in_batch = [], []
+            for pid, data in change.replaces.items():
+                first, chunks, _ = new_dir[pid]
+                data = data + change.appends.get(pid, b"")  # one chunk, not a replace and an append
+                at = 0 if first > 0 or chunks == 0 else chunks
+                (in_batch if pid in dropped else writes).append((_key(pid, at), data))
                 if chunks:
-                    batch.put(pack_pid(pid), pack_dir(chunks, records), pdir)
+                    batch.delete_range(_key(pid, first), _key(pid, first + chunks), post)
+                new_dir[pid] = [at, 1, len(data) // rs]
+            for pid, data in change.appends.items():
+                if pid in change.replaces:
+                    continue
+                first, chunks, records = new_dir[pid]
+                (in_batch if pid in dropped else writes).append((_key(pid, first + chunks), data))
+                new_dir[pid] = [first, chunks + 1, records + len(data) // rs]
+            if len(writes) > EARLY_WRITE_KEYS or sum(len(d) for _, d in writes) > EARLY_WRITE_BYTES:
+                self._write_ahead(writes, change.pause)
+            else:
+                in_batch = writes + in_batch
+            for key, data in in_batch:
+                batch.put(key, data, post)
+            pack_pid, pack_dir = _PID.pack, _PDIR.pack
+            for pid, (first, chunks, records) in new_dir.items():
+                if chunks:
+                    batch.put(pack_pid(pid), pack_dir(chunks, records, first), pdir)
             seq = 0
             if change.log is not None:
                 seq = self._seq + 1
                 batch.put(struct.pack(">Q", seq), change.log, self._handle["log"])
-            with _errors(self.path, "writing"):
-                self._db.write(batch)
-            if seq:
-                self._seq = seq
-            if touched:
-                after = np.array(list(new_dir.values()), dtype=np.int64)
-                self._chunks.put(pids, after[:, 0])
-                self._lengths.put(pids, after[:, 1])
+            self._dir_version += 1
+            try:
+                with _errors(self.path, "writing"):
+                    self._db.write(batch)
+                if seq:
+                    self._seq = seq
+                if touched:
+                    after = np.array(list(new_dir.values()), dtype=np.int64).reshape(-1, 3)
+                    self._spans.put(pids, after[:, 0] << 32 | after[:, 1])
+                    self._lengths.put(pids, after[:, 2])
+            finally:
+                self._dir_version += 1
             return seq
 
-    def _write_early(self, change: Change, directory: dict[int, tuple[int, int]]) -> set[int]:
-        """Write the new chunks of a large commit's appends ahead of it, in pieces.
+    def _write_ahead(self, writes: list[tuple[bytes, bytes]], pause) -> None:
+        """Write a large commit's new chunks ahead of it, in pieces.
 
-        rocksdict's ``write`` holds the GIL for the whole batch (~4 ms per 1,000 upserted
-        rows), and a search waiting for the GIL waits that long. A new chunk is invisible
-        until the posting directory counts it, and the directory changes only in the commit's
-        own batch, so chunks can go first in small batches with the GIL released between
-        them: in ``change.pause``, where the engine lets running searches finish (measured
-        ~0.75 ms per 256-chunk piece under load). A crash before the commit leaves a chunk
-        past the directory's count: never read, and overwritten by the posting's next append at that index. Postings the commit
-        also replaces or drops are left to the commit (its range delete would remove them).
-        Returns the pids written early."""
-        pids = [p for p in change.appends if p not in change.replaces and p not in change.drops]
-        if len(pids) <= EARLY_WRITE_KEYS:
-            return set()
+        rocksdict's ``write`` holds the GIL for the whole batch (a round of rebalancing, ~8 MB,
+        held it 32 ms), and a search waiting for the GIL waits that long. A new chunk is
+        invisible until the posting directory counts it, and the directory changes only in
+        the commit's own batch, so chunks can go first in small batches with the GIL released
+        between them: in ``pause``, where the engine lets running searches finish. A crash
+        before the commit leaves chunks outside every posting's directory entry: never read,
+        and overwritten by the writes that later extend a posting to their keys."""
         post = self._handle["postings"]
-        for lo in range(0, len(pids), EARLY_WRITE_KEYS):
-            piece = WriteBatch(raw_mode=True)
-            for pid in pids[lo:lo + EARLY_WRITE_KEYS]:
-                piece.put(_key(pid, directory[pid][0]), change.appends[pid], post)
-            with _errors(self.path, "writing"):
-                self._db.write(piece)
-            if change.pause is not None:
-                change.pause()
-            else:
-                time.sleep(0)  # let a thread waiting for the GIL (a search) have it
-        return set(pids)
+        piece, size = WriteBatch(raw_mode=True), 0
+        for i, (key, data) in enumerate(writes):
+            piece.put(key, data, post)
+            size += len(data)
+            if len(piece) >= EARLY_WRITE_KEYS or size >= EARLY_WRITE_BYTES or i == len(writes) - 1:
+                with _errors(self.path, "writing"):
+                    self._db.write(piece)
+                if pause is not None:
+                    pause()
+                else:
+                    time.sleep(0)  # let a thread waiting for the GIL (a search) have it
+                piece, size = WriteBatch(raw_mode=True), 0
 
     def bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray,
                   io: IOClass = IOClass.BACKGROUND) -> None:
@@ -288,10 +331,10 @@ class RocksStore:
             lo, hi = int(offsets[i]), int(offsets[i + 1])
             data = records[lo:hi].tobytes()
             batch.put(_key(pid, 0), data, post)
-            batch.put(_PID.pack(pid), _PDIR.pack(1, hi - lo), pdir)
-            self._chunks.ensure(pid)
+            batch.put(_PID.pack(pid), _PDIR.pack(1, hi - lo, 0), pdir)
+            self._spans.ensure(pid)
             self._lengths.ensure(pid)
-            self._chunks[pid] = 1
+            self._spans[pid] = 1
             self._lengths[pid] = hi - lo
             size += len(data)
             if size >= 64 << 20:
@@ -307,7 +350,7 @@ class RocksStore:
         return self._lengths.array()
 
     def fragments(self, pids: np.ndarray) -> np.ndarray:
-        return self._chunks.get(pids)
+        return self._spans.get(pids) & _CHUNKS_MASK
 
     # --- log ----------------------------------------------------------------------------------
     def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
