@@ -47,9 +47,9 @@ def warmup() -> None:
     for metric in (distances.L2, distances.IP):
         ids = np.empty((2, 8), np.int32)
         dd = np.empty((2, 8), np.float32)
-        counts = graph.search_batch(q, heads, nbrs, entries, metric, 8, 10.0, visited,
+        counts = graph.search_batch(q, heads, nbrs, entries[None], metric, 8, 10.0, visited,
                                     n + 10, bd, bi, bx, ids, dd)
-        graph.search_batch(q, heads, nbrs, entries, metric, 8, np.inf, visited,
+        graph.search_batch(q, heads, nbrs, entries[None], metric, 8, np.inf, visited,
                            n + 20, bd, bi, bx, ids, dd)
         distances.pairwise(metric, q, heads)
         graph.exact_search(q, heads, np.ones(n, np.bool_), metric, 8, 10.0, ids, dd)

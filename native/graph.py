@@ -95,31 +95,20 @@ def beam_search(q, heads, nbrs, entries, metric, visited, stamp, bd, bi, bx):
 
 
 @nb.njit(**_q)
-def search_batch(queries, heads, nbrs, entries, metric, m, eps, visited, stamp0, bd, bi, bx,
+def search_batch(queries, heads, nbrs, starts, metric, m, eps, visited, stamp0, bd, bi, bx,
                  out_ids, out_d):
     """Nearest ``m`` heads for each query, pruned by ``d <= d_1 + eps*|d_1|``.
 
+    ``starts`` (rows of entry points, -1 padded): one row shared by every query, or one per
+    query (heads known to lie near it, so the beam starts where it would end up).
     Writes ``out_ids (nq, m) int32`` (-1 padded) and ``out_d``; returns the kept count per
     query. Query ``i`` uses visited stamp ``stamp0 + i``.
     """
     nq = queries.shape[0]
+    shared = starts.shape[0] == 1
     counts = np.zeros(nq, dtype=np.int32)
     for i in range(nq):
-        size = beam_search(queries[i], heads, nbrs, entries, metric, visited,
-                           np.uint32(stamp0 + i), bd, bi, bx)
-        counts[i] = heap.emit_pruned(bd, bi, min(size, m), eps, out_ids[i], out_d[i])
-    return counts
-
-
-@nb.njit(**_q)
-def search_batch_seeded(queries, heads, nbrs, seeds, metric, m, eps, visited, stamp0, bd, bi, bx,
-                        out_ids, out_d):
-    """``search_batch`` with entry points of its own per query: ``seeds[i]`` (-1 padded),
-    heads known to lie near query ``i``, so the beam starts where it would end up."""
-    nq = queries.shape[0]
-    counts = np.zeros(nq, dtype=np.int32)
-    for i in range(nq):
-        size = beam_search(queries[i], heads, nbrs, seeds[i], metric, visited,
+        size = beam_search(queries[i], heads, nbrs, starts[0 if shared else i], metric, visited,
                            np.uint32(stamp0 + i), bd, bi, bx)
         counts[i] = heap.emit_pruned(bd, bi, min(size, m), eps, out_ids[i], out_d[i])
     return counts

@@ -63,7 +63,7 @@ def _search(heads, nbrs, entries, q, m, ef=64, stamp=1):
     bd, bi, bx = np.empty(ef, np.float32), np.empty(ef, np.int32), np.empty(ef, np.bool_)
     ids = np.empty((q.shape[0], m), np.int32)
     out = np.empty((q.shape[0], m), np.float32)
-    counts = graph.search_batch(q, heads, nbrs, entries, distances.L2, m, np.inf, visited, stamp,
+    counts = graph.search_batch(q, heads, nbrs, entries[None], distances.L2, m, np.inf, visited, stamp,
                                 bd, bi, bx, ids, out)
     return ids, out, counts
 

@@ -137,13 +137,9 @@ class HeadGraph:
         s = scratch()
         visited, stamp0 = s.stamps(vectors.shape[0], nq)
         bd, bi, bx = s.beam_arrays(max(ef, m))
-        if seeds is None:
-            counts = native.graph.search_batch(queries, vectors, nbrs, entries, metric, m, eps, visited,
-                                               stamp0, bd, bi, bx, ids, dists)
-        else:
-            starts = self._seed_rows(np.asarray(seeds, dtype=np.int64), entries)
-            counts = native.graph.search_batch_seeded(queries, vectors, nbrs, starts, metric, m, eps,
-                                                      visited, stamp0, bd, bi, bx, ids, dists)
+        starts = entries[None] if seeds is None else self._seed_rows(np.asarray(seeds, dtype=np.int64), entries)
+        counts = native.graph.search_batch(queries, vectors, nbrs, starts, metric, m, eps, visited,
+                                           stamp0, bd, bi, bx, ids, dists)
         return ids, dists, counts
 
     def _seed_rows(self, seeds: np.ndarray, entries: np.ndarray) -> np.ndarray:
