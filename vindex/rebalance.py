@@ -398,7 +398,7 @@ class Rebalancer:
                 for p in set(pids.tolist()).intersection(plan.replaces):
                     self._stale.pop(p, None)
             if plan.merged_vids.size:
-                self._cancel_cuts(plan.merged_to, plan.merged_vids * 256 + plan.merged_versions)
+                self._cancel_cuts(plan.merged_to, _copy_keys(plan.merged_vids, plan.merged_versions))
             if plan.drops:  # searches that started before now may still read these postings
                 self._forget_cuts(plan.drops)
                 self._defer(list(plan.drops), {})
@@ -558,7 +558,7 @@ class Rebalancer:
             appends = group_appends(add, add_counts, vids, versions, vectors) if add_counts.any() else {}
             rec = oplog.Record("reassign", {"r_vids": vids, "r_home": heads[:, 0].astype(np.int32)})
             eng.commit(Change(appends=appends), rec, IOClass.BACKGROUND)
-            keys = vids.astype(np.int64) * 256 + versions
+            keys = _copy_keys(vids, versions)
             # the copies in every picked posting stay, appended now or relied on as held: a cut
             # still pending from an earlier move must not remove them
             chosen = heads >= 0
@@ -571,6 +571,12 @@ class Rebalancer:
             self.notify(targets[eng.lengths(targets) > eng.limit])
 
 
+def _copy_keys(vids: np.ndarray, versions: np.ndarray) -> np.ndarray:
+    """One int64 per copy of a vector, ``vid * 256 + version``: what cuts and stale copies
+    name (a copy the user rewrote since has another version)."""
+    return np.asarray(vids, dtype=np.int64) * 256 + np.asarray(versions, dtype=np.int64)
+
+
 def _pair_keys(owners: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """(owner, copy key) pairs packed into one int64 each, so that one membership test
     covers many postings (copy keys, ``vid * 256 + version``, are < 2^40)."""
@@ -581,7 +587,7 @@ def _copies_named(recs_u: np.ndarray, offsets: np.ndarray, keys: list[np.ndarray
     """Mask of the records of posting ``i`` (``offsets[i]:offsets[i+1]``) whose copy key
     (``vid * 256 + version``) is in ``keys[i]``: one membership test for every posting."""
     n = len(keys)
-    have = recs_u[:, 0].astype(np.int64) * 256 + recs_u[:, 1]
+    have = _copy_keys(recs_u[:, 0], recs_u[:, 1])
     wanted = [np.asarray(k, dtype=np.int64) for k in keys]
     return np.isin(_pair_keys(np.repeat(np.arange(n), np.diff(offsets)), have),
                    _pair_keys(np.repeat(np.arange(n), [w.size for w in wanted]), np.concatenate(wanted)))
