@@ -10,7 +10,8 @@ parent SIGKILLs it at a random moment, reopens the index and checks:
 * the one operation in flight is either wholly applied or not at all;
 * ``verify()`` reports no violation, and the live count matches.
 
-    python -m bench.crash --cycles 300        # writes bench/results/crash.json
+    python -m bench.crash --cycles 300                   # writes bench/results/crash.json
+    python -m bench.crash --cycles 100 --store blocks    # the block store: crash-blocks.json
 
 The child is a fresh interpreter (``subprocess``), never a fork of a process holding RocksDB.
 """
@@ -173,11 +174,11 @@ def check(path: str, model: Model, pending: tuple | None, totals: Totals, rng) -
     return model
 
 
-def run(path: str, cycles: int, seed: int = 0, log=print) -> Totals:
-    """``cycles`` kill-and-check rounds on a new index at ``path``."""
+def run(path: str, cycles: int, seed: int = 0, log=print, store: str = "rocksdb") -> Totals:
+    """``cycles`` kill-and-check rounds on a new index at ``path`` on ``store``."""
     import vindex
 
-    vindex.Index.create(path, dim=DIM, **CONFIG).close()
+    vindex.Index.create(path, dim=DIM, store=store, **CONFIG).close()
     rng = np.random.default_rng(seed)
     model, totals, next_op = Model(), Totals(), 0
     for cycle in range(cycles):
@@ -231,8 +232,10 @@ def main() -> None:
     ap.add_argument("--child", nargs=3, metavar=("PATH", "SEED", "FIRST"), help=argparse.SUPPRESS)
     ap.add_argument("--cycles", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench/results/crash.json")
+    ap.add_argument("--store", choices=["rocksdb", "blocks"], default="rocksdb")
+    ap.add_argument("--out", default=None, help="default bench/results/crash.json (crash-blocks.json for blocks)")
     args = ap.parse_args()
+    out = args.out or f"bench/results/crash{'' if args.store == 'rocksdb' else '-' + args.store}.json"
     if args.child:
         child(args.child[0], int(args.child[1]), int(args.child[2]))
         return
@@ -240,13 +243,13 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
-        totals = run(os.path.join(tmp, "idx"), args.cycles, args.seed)
+        totals = run(os.path.join(tmp, "idx"), args.cycles, args.seed, store=args.store)
         elapsed = time.time() - t0
     rec = np.array(totals.recovery_s)
     result = {k: v for k, v in totals.__dict__.items() if k != "recovery_s"}
     result.update(seconds=round(elapsed, 1), recovery_s_median=float(np.median(rec)),
-                  recovery_s_max=float(rec.max()), config=CONFIG, dim=DIM, id_space=ID_SPACE)
-    write_json(args.out, result)
+                  recovery_s_max=float(rec.max()), config=CONFIG, dim=DIM, id_space=ID_SPACE, store=args.store)
+    write_json(out, result)
     print({k: v for k, v in result.items() if k != "problems"})
     for p in totals.problems[:20]:
         print("PROBLEM", p)

@@ -22,10 +22,12 @@ An entry with ``records == 0`` (and no blocks) removes the posting.
 Log (``log.<gen>``): ``b"VXBLOG02" | u64 gen``, then one record per commit::
 
     u32 payload length | u32 crc32(payload) | payload
-    payload = u64 lsn | u64 seq | u32 n | u32 m | u32 log length | u32 0 | entry arrays | log bytes
+    payload = u64 lsn | u64 seq | u32 n | u32 m | u32 log length | u32 unsynced | entry arrays | log bytes
 
 ``lsn`` numbers every record (gapless); ``seq`` is the caller's log sequence number, 0 for a
-commit without a log record. Snapshot::
+commit without a log record. ``unsynced``: how many records, this one included, were not yet
+known to be fsynced when it was written (``lsn - unsynced`` and everything before it were),
+capped at 2^32 - 1; 0 in records written before the field existed (no claim). Snapshot::
 
     b"VXBMAP02" | u64 gen | u64 lsn | u64 seq | u32 record size | u32 0 | u64 n | u64 m
     | entry arrays | u32 crc32(everything before)
@@ -48,7 +50,7 @@ BLOCK = 4096
 EMPTY = np.empty(0, dtype=np.uint32)
 
 _REC_HEAD = struct.Struct("<II")          # payload length, crc32
-_PAYLOAD_HEAD = struct.Struct("<QQIIII")  # lsn, seq, n, m, log length, pad
+_PAYLOAD_HEAD = struct.Struct("<QQIIII")  # lsn, seq, n, m, log length, unsynced
 _SNAP_HEAD = struct.Struct("<8sQQQIIQQ")  # magic, gen, lsn, seq, record size, pad, n, m
 SNAP_MAGIC = b"VXBMAP02"
 LOG_MAGIC = b"VXBLOG02"
@@ -59,6 +61,8 @@ OLD_FORMAT = ("format 01, written before data blocks had checksums; this version
 LOG_HEAD = struct.Struct("<8sQ")          # magic, gen
 #: Largest payload a log record may claim; a bigger length field is damage, not a record.
 MAX_RECORD = 1 << 34
+#: Cap of a record's ``unsynced`` count (a u32).
+MAX_UNSYNCED = (1 << 32) - 1
 
 
 class Entry(NamedTuple):
@@ -148,14 +152,15 @@ class LogRecord:
     seq: int
     entries: Entries
     log: bytes | None
-    offset: int = 0  # file offset of the record
-    size: int = 0    # bytes on disk, header included
+    offset: int = 0    # file offset of the record
+    size: int = 0      # bytes on disk, header included
+    unsynced: int = 0  # records up to this one not known fsynced when it was written (0: no claim)
 
 
-def encode_record(lsn: int, seq: int, entries: Entries, log: bytes | None) -> bytes:
+def encode_record(lsn: int, seq: int, entries: Entries, log: bytes | None, unsynced: int = 0) -> bytes:
     n, m, body = encode_entries(entries)
     log = log or b""
-    payload = _PAYLOAD_HEAD.pack(lsn, seq, n, m, len(log), 0) + body + log
+    payload = _PAYLOAD_HEAD.pack(lsn, seq, n, m, len(log), min(unsynced, MAX_UNSYNCED)) + body + log
     return _REC_HEAD.pack(len(payload), zlib.crc32(payload)) + payload
 
 
@@ -163,11 +168,11 @@ def decode_payload(payload: bytes, record_size: int, *, keep_log: bool = True) -
     buf = memoryview(payload)
     if len(buf) < _PAYLOAD_HEAD.size:
         raise FormatError("log record too short")
-    lsn, seq, n, m, loglen, _ = _PAYLOAD_HEAD.unpack_from(buf)
+    lsn, seq, n, m, loglen, unsynced = _PAYLOAD_HEAD.unpack_from(buf)
     entries, pos = decode_entries(buf, _PAYLOAD_HEAD.size, n, m, record_size)
     if pos + loglen != len(buf):
         raise FormatError("log record length mismatch")
-    return LogRecord(lsn, seq, entries, bytes(buf[pos:]) if seq and keep_log else None)
+    return LogRecord(lsn, seq, entries, bytes(buf[pos:]) if seq and keep_log else None, unsynced=unsynced)
 
 
 def decode_record(data: bytes, record_size: int) -> LogRecord:
@@ -427,3 +432,56 @@ class BlockMap:
         return (np.concatenate([b for _, _, b in self._limbo]) if self._limbo
                 else np.empty(0, np.int64))
 
+
+
+# --- replay -------------------------------------------------------------------------------------
+class Replayed(NamedTuple):
+    """A map rebuilt from a snapshot and log records, and the blocks it points at whose data
+    only unsynced records wrote: ``blocks`` (sorted), the checksum the map expects of each,
+    and the lsn of the record that wrote it."""
+
+    map: BlockMap
+    blocks: np.ndarray
+    sums: np.ndarray
+    lsns: np.ndarray
+
+
+def durable_lsn(snapshot_lsn: int, records: list[LogRecord]) -> int:
+    """The last lsn whose data blocks are known fsynced: the snapshot's, or what a later
+    record claims (``lsn - unsynced``)."""
+    return max([snapshot_lsn] + [r.lsn - r.unsynced for r in records if r.unsynced])
+
+
+def replay(snapshot: Entries, records: list[LogRecord], record_size: int, durable: int) -> Replayed:
+    """Install ``snapshot`` then ``records`` in order. Blocks new in a record above
+    ``durable`` are tracked: a power loss may have kept that record (the log is a buffered
+    file the kernel writes back when it likes) but not the block (written with O_DIRECT, maybe
+    still in the disk's volatile cache). Within those records no block is written twice: a
+    released block is reused only once its release is fsynced."""
+    m = BlockMap(record_size)
+    m.install(snapshot, derived=False)
+    written, by = [], []
+    for rec in records:
+        if rec.lsn > durable:
+            for pid, e in rec.entries.items():
+                if e is None:
+                    continue
+                old = m.get(pid)
+                new = e.blocks if old is None else e.blocks[~np.isin(e.blocks, old.blocks)]
+                written.append(new.astype(np.int64))
+                by.append(np.full(new.shape[0], rec.lsn, dtype=np.int64))
+        m.install(rec.entries, derived=False)
+    m.refresh_derived()
+    entries = list(m.entries().values())
+    if not written or not entries:
+        return Replayed(m, np.empty(0, np.int64), EMPTY, np.empty(0, np.int64))
+    written_b, written_by = np.concatenate(written), np.concatenate(by)
+    ref = np.concatenate([e.blocks for e in entries]).astype(np.int64)
+    sums = np.concatenate([e.sums for e in entries])
+    hit = np.isin(ref, written_b)
+    ref, sums = ref[hit], sums[hit]
+    order = np.argsort(ref)
+    ref, sums = ref[order], sums[order]
+    last = np.unique(written_b[::-1], return_index=True)[1]  # the latest writer of each block
+    wb, wl = written_b[::-1][last], written_by[::-1][last]
+    return Replayed(m, ref, sums, wl[np.searchsorted(wb, ref)])

@@ -14,14 +14,22 @@ last block is partly filled; see ``blockmap``). A commit never overwrites a bloc
 points at: an append rewrites the partly filled tail block into a new block followed by new
 blocks, a replace writes new blocks. Data blocks are written (pwrite, O_DIRECT) before the log
 record that points at them; the log record (the map delta, the caller's log bytes, a gapless
-record number ``lsn`` and a CRC32) is a buffered write, so it survives a process crash once
-``commit`` returns; ``sync`` fdatasyncs the data file and fsyncs the log for power loss.
+record number ``lsn``, how many records up to it are not known synced, and a CRC32) is a
+buffered write, so it survives a process crash once ``commit`` returns; ``sync`` fdatasyncs
+the data file and fsyncs the log for power loss. A commit syncs on its own once
+``SYNC_EVERY_BLOCKS`` blocks were written unsynced; ``close`` syncs and appends an empty record
+saying so.
 
 Opening loads the newest snapshot and replays the log. A damaged record at the very end of
 the log is a commit that was never acknowledged: it is cut off. A damaged record that intact
 ones follow, a damaged snapshot, or a map pointing past the end of the data file raise
-``CorruptionError`` naming the file. ``truncate_log`` writes a new snapshot and starts log
-``gen + 1`` holding only the caller's records it must keep.
+``CorruptionError`` naming the file. A power loss can also keep a log record (the kernel
+writes the log back when it likes) without the blocks it names (O_DIRECT writes may sit in
+the disk's volatile cache): so opening reads back the blocks that records after the last one
+known synced wrote and the map still points at, and ends the log before the first record
+whose blocks fail their checksums, as RocksDB ends its WAL at a torn record. Nothing a sync
+covered is cut: damage there is raised when read. ``truncate_log`` writes a new snapshot and
+starts log ``gen + 1`` holding only the caller's records it must keep.
 
 Released blocks (an old tail, a replaced or dropped posting) are reused only once the commit
 that released them is fsynced and every read that started before it has ended (tickets, as
@@ -61,6 +69,7 @@ import mmap
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -74,8 +83,8 @@ from ..iosched import CLASSES, IOScheduler, check_mode
 from ..readers import Readers
 from .base import Change, IOClass, PostingBatch
 from .blockmap import (BLOCK, EMPTY, LOG_HEAD, LOG_MAGIC, OLD_FORMAT, OLD_MAGICS, BlockMap, Entries, Entry,
-                       FormatError, blocks_for, decode_record, decode_snapshot, encode_record,
-                       encode_snapshot, read_log, runs)
+                       FormatError, LogRecord, Snapshot, blocks_for, decode_record, decode_snapshot,
+                       durable_lsn, encode_record, encode_snapshot, read_log, replay, runs, MAX_UNSYNCED)
 from .uring import CLASS_IOPRIO, RingScheduler, thread_ioprio
 
 log = logging.getLogger("vindex.storage.blocks")
@@ -84,6 +93,8 @@ GROW_MIN_BLOCKS = 1024    # grow the data file by at least 4 MiB (and 1/8 of its
 WRITE_CHUNK = 16 << 20    # bulk_load writes through a buffer of this size
 SYNC_TO_REUSE = 1024      # blocks waiting only for an fsync that make a commit sync, not grow
 PAUSE_MIN_POSTINGS = 64   # commits writing more postings pause for running searches in between
+SYNC_EVERY_BLOCKS = 65536  # unsynced data (256 MiB) after which a commit syncs: bounds what an open reads back
+VERIFY_BLOCKS = 4096       # blocks read back at a time when opening checks unsynced commits
 _ZEROS = bytes(BLOCK)     # padding to a whole block
 
 
@@ -261,6 +272,7 @@ class BlockStore:
         size = os.fstat(self._fd).st_size
         self._capacity = size // BLOCK  # a partial last block (never written by us) is ignored
         self._data_dirty = False
+        self._unsynced_blocks = 0  # data blocks written since the last sync
 
     def _load(self, create: bool) -> None:
         gens = sorted(int(n[4:]) for n in os.listdir(self.path) if n.startswith("map.") and n[4:].isdigit())
@@ -278,8 +290,17 @@ class BlockStore:
                 raise FormatError(f"holds generation {snap.gen}")
         except FormatError as exc:
             raise CorruptionError(f"block store snapshot {snap_path}: {exc}") from None
-        self._map.install(snap.entries, derived=False)
-        lsn, seq, user, good_end = self._replay(log_path, gen, snap.lsn, snap.seq)
+        records, good_end = self._read_log(log_path, gen, snap.lsn)
+        landed = self._replay(snap, records)
+        cut = "a torn final log record of an unacknowledged commit"
+        if len(landed) < len(records):
+            good_end = records[len(landed)].offset
+            cut = (f"{len(records) - len(landed)} log records from lsn {records[len(landed)].lsn} on, whose "
+                   f"data blocks never reached the disk (a power loss before they were fsynced)")
+        lsn = landed[-1].lsn if landed else snap.lsn
+        self._seq = max([snap.seq] + [r.seq for r in landed])
+        self._cut_seq = self._seq if len(landed) < len(records) else None  # see ``continue_after``
+        self._user = [(r.seq, r.offset, r.size) for r in landed if r.seq]
         try:
             self._map.rebuild_free()
         except FormatError as exc:
@@ -288,21 +309,23 @@ class BlockStore:
             raise CorruptionError(
                 f"block store data file {self._data_path}: the map points at block {self._map.high - 1} "
                 f"but the file holds {self._capacity} blocks")
-        self._lsn = self._synced_lsn = lsn
-        self._seq, self._user = seq, user
         self._log_fd = os.open(log_path, os.O_RDWR | os.O_CLOEXEC)
         if os.fstat(self._log_fd).st_size > good_end:
-            log.warning("block store %s: discarding a torn final log record (%d bytes) of an "
-                        "unacknowledged commit", log_path, os.fstat(self._log_fd).st_size - good_end)
+            log.warning("block store %s: discarding %s (%d bytes)", log_path, cut,
+                        os.fstat(self._log_fd).st_size - good_end)
             os.ftruncate(self._log_fd, good_end)
-            os.fsync(self._log_fd)
+        # what was read may be in the page cache only (after a process crash): make it durable,
+        # since released blocks are reused once their release counts as synced
+        os.fdatasync(self._fd)
+        os.fsync(self._log_fd)
+        self._lsn = self._synced_lsn = lsn
+        self._claimed_lsn = durable_lsn(snap.lsn, landed)
         self._log_end = good_end
         self._remove_stale(gen)
 
-    def _replay(self, log_path: str, gen: int, lsn: int, seq: int) -> tuple[int, int, list, int]:
-        """Apply the log records after the snapshot; returns (lsn, seq, the caller's records
-        as (seq, offset, size), end of the good records)."""
-        user: list[tuple[int, int, int]] = []
+    def _read_log(self, log_path: str, gen: int, lsn: int) -> tuple[list[LogRecord], int]:
+        """The log records after the snapshot (which ends at ``lsn``), gapless, and the end of
+        the good ones."""
         try:
             with open(log_path, "rb") as f:
                 magic, g = LOG_HEAD.unpack(f.read(LOG_HEAD.size).ljust(LOG_HEAD.size, b"\0"))
@@ -315,17 +338,50 @@ class BlockStore:
             raise CorruptionError(f"block store log {log_path} is missing") from None
         except FormatError as exc:
             raise CorruptionError(f"block store log {log_path}: {exc}") from None
-        for rec in records:
-            if rec.lsn != lsn + 1:
-                raise CorruptionError(f"block store log {log_path}: record {lsn + 1} is missing "
+        for i, rec in enumerate(records):
+            if rec.lsn != lsn + 1 + i:
+                raise CorruptionError(f"block store log {log_path}: record {lsn + 1 + i} is missing "
                                       f"(the next one is {rec.lsn})")
-            self._map.install(rec.entries, derived=False)
-            lsn = rec.lsn
-            if rec.seq:
-                user.append((rec.seq, rec.offset, rec.size))
-                seq = max(seq, rec.seq)
-        self._map.refresh_derived()
-        return lsn, seq, user, good_end
+        return records, good_end
+
+    def _replay(self, snap: Snapshot, records: list[LogRecord]) -> list[LogRecord]:
+        """Install the snapshot and the longest run of ``records`` whose data blocks are on
+        disk; returns that run. Only blocks that unsynced records wrote and the map still
+        points at are read back and checked; where one fails, the log ends before the record
+        that wrote it (and the check repeats for that shorter log)."""
+        durable = durable_lsn(snap.lsn, records)
+        while True:
+            t0 = time.perf_counter()
+            got = replay(snap.entries, records, self.record_size, durable)
+            bad = self._unwritten(got.blocks, got.sums)
+            self._map = got.map
+            if got.blocks.size:
+                log.info("block store %s: read back %d blocks of %d commits not known synced in %.2f s",
+                         self.path, got.blocks.size, records[-1].lsn - durable if records else 0,
+                         time.perf_counter() - t0)
+            if not bad.any():
+                return records
+            records = records[: int(got.lsns[bad].min()) - snap.lsn - 1]
+
+    def _unwritten(self, blocks: np.ndarray, sums: np.ndarray) -> np.ndarray:
+        """Mask of ``blocks`` (sorted) whose data on disk fails ``sums`` (or lies past the end
+        of the file), read in pieces of ``VERIFY_BLOCKS``."""
+        bad = blocks >= self._capacity
+        buf = _Aligned(min(blocks.shape[0], VERIFY_BLOCKS) * BLOCK)
+        got = np.empty(VERIFY_BLOCKS, dtype=np.uint32)
+        inside = np.flatnonzero(~bad)
+        for lo in range(0, inside.shape[0], VERIFY_BLOCKS):
+            idx = inside[lo:lo + VERIFY_BLOCKS]
+            part = blocks[idx]
+            starts, lens = runs(part)
+            table = np.stack([part[starts] * BLOCK, starts * BLOCK, lens * BLOCK], axis=1)
+            try:
+                ReadJob(self._fd, buf, table, None)()
+            except OSError as exc:
+                raise _failed(exc, f"block store {self._data_path}", "checking the data of unsynced commits") from None
+            native.checksum.block_sums(buf.arr, idx.shape[0], got)
+            bad[idx] = got[:idx.shape[0]] != sums[idx]
+        return bad
 
     def _init_files(self) -> None:
         """A new store: an empty log, then the first snapshot (its presence marks the store)."""
@@ -454,15 +510,26 @@ class BlockStore:
                 entries[pid] = (Entry(np.concatenate((w.kept, new)), w.records,
                                       np.concatenate((w.kept_sums, new_sums))) if w.records else None)
             seq = self._seq + 1 if change.log is not None else 0
-            rec = encode_record(self._lsn + 1, seq, entries, change.log)
+            synced = self._synced_lsn  # read once: a sync may end meanwhile
+            rec = encode_record(self._lsn + 1, seq, entries, change.log, unsynced=self._lsn + 1 - synced)
             offset = self._append_log(rec)
             # the commit is in the log: from here on nothing may fail
             self._lsn += 1
+            self._claimed_lsn = max(synced, self._lsn - MAX_UNSYNCED)
             if seq:
                 self._seq = seq
                 self._user.append((seq, offset, len(rec)))
             self._apply(entries, np.concatenate(chosen) if chosen else EMPTY, released)
+            if self._unsynced_blocks >= SYNC_EVERY_BLOCKS:
+                self._sync_quietly()
             return seq
+
+    def _sync_quietly(self) -> None:
+        """Sync after a commit that is in already: a failure leaves it for the next sync."""
+        try:
+            self._sync()
+        except StorageError:
+            log.warning("block store %s: sync failed; retried after the next commit", self.path, exc_info=True)
 
     @staticmethod
     def _pause(change: Change) -> None:
@@ -607,6 +674,7 @@ class BlockStore:
         except OSError as exc:
             raise _failed(exc, f"block store {self._data_path}", "writing postings") from None
         self._data_dirty = True
+        self._unsynced_blocks += blocks.shape[0]
 
     def _append_log(self, rec: bytes) -> int:
         """Append one record to the log (buffered: durable against a process crash once this
@@ -690,6 +758,12 @@ class BlockStore:
             raise CorruptionError(f"block store log {path}: record at offset {offset}: {exc}") from None
 
     def continue_after(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> None:
+        if self._cut_seq is not None and seq > self._cut_seq:
+            # the caller saved its state after commits this open had to cut (their data was
+            # synced, so only damage can have lost it): its state would name missing records
+            raise CorruptionError(
+                f"block store {self.path}: the caller's state covers log record {seq}, but the "
+                f"log ends at {self._cut_seq} after commits whose data blocks fail their checksums were cut")
         with self._write_lock:
             self._seq = max(self._seq, seq)
 
@@ -737,9 +811,10 @@ class BlockStore:
         new_fd = os.open(log_path, os.O_RDWR | os.O_CLOEXEC)
         os.close(self._log_fd)
         self._log_fd, self._log_end, self._gen = new_fd, pos, gen
-        self._lsn = self._synced_lsn = lsn
+        self._lsn = self._synced_lsn = self._claimed_lsn = lsn
         self._user = user
         self._data_dirty = False
+        self._unsynced_blocks = 0
         for name in (f"map.{old_gen}", f"log.{old_gen}"):
             try:
                 os.unlink(self._file(name))
@@ -756,12 +831,14 @@ class BlockStore:
         with self._sync_lock:
             lsn = self._lsn  # records up to here are in the log already
             dirty, self._data_dirty = self._data_dirty, False
+            written, self._unsynced_blocks = self._unsynced_blocks, 0
             try:
                 if dirty:
                     os.fdatasync(self._fd)  # O_DIRECT data may sit in the disk's write cache
                 os.fsync(self._log_fd)
             except OSError as exc:
                 self._data_dirty = self._data_dirty or dirty
+                self._unsynced_blocks += written
                 raise _failed(exc, f"block store {self.path}", "syncing") from None
             self._synced_lsn = max(self._synced_lsn, lsn)
 
@@ -804,8 +881,24 @@ class BlockStore:
             try:
                 self._sched.close()
                 self._sync()
+                self._claim_synced()
             finally:
                 self._release_files()
+
+    def _claim_synced(self) -> None:
+        """Say in the log that every record is synced (an empty record claiming it), so the
+        next open need not read back the data of the last commits."""
+        if self._synced_lsn <= self._claimed_lsn:
+            return
+        try:
+            self._append_log(encode_record(self._lsn + 1, 0, {}, None, unsynced=1))
+            os.fsync(self._log_fd)
+        except (OSError, StorageError):
+            log.warning("block store %s: could not mark the log synced; the next open checks the "
+                        "last commits' data", self.path, exc_info=True)
+            return
+        self._lsn += 1
+        self._claimed_lsn = self._lsn - 1
 
     def _release_files(self) -> None:
         for name in ("_fd", "_log_fd", "_lock_fd"):
