@@ -3,6 +3,7 @@ background rebalancing, and checkpoints."""
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import numpy as np
 
@@ -41,6 +42,10 @@ class Engine:
         self.checkpoint_seq = seq     # log covered by the newest checkpoint
         self.ops_since_checkpoint = 0
         self.build_stats = build_stats or {}
+        # more arrays for each checkpoint (the rebalancer's copies waiting to be cut), and
+        # those a checkpoint with no log after it held (see ``Index.open``)
+        self.checkpoint_extras: Callable[[], dict[str, np.ndarray]] | None = None
+        self.restored_extras: dict[str, np.ndarray] = {}
         self.limit = self.config.posting_limit(self.dim)
         store.continue_after(seq)
         self.group = GroupSync(lambda: self.store.sync(), lambda: self.seq)
@@ -94,7 +99,8 @@ class Engine:
         if self.config.store == "memory":
             return
         self.store.sync()
-        checkpoint.save(self.path, self.seq, self.state.arrays(), self.build_stats)
+        extras = self.checkpoint_extras() if self.checkpoint_extras is not None else {}
+        checkpoint.save(self.path, self.seq, {**self.state.arrays(), **extras}, self.build_stats)
         self.store.truncate_log(self.seq)
         checkpoint.prune(self.path, self.seq)
         self.checkpoint_seq = self.seq

@@ -20,7 +20,7 @@ from .heads import METRIC_CODES, HeadGraph
 from .idmap import IdMap
 from .iosched import yielding_pool
 from .progress import enabled
-from .rebalance import FOLD_FRAGMENTS, Rebalancer
+from .rebalance import FOLD_FRAGMENTS, STALE_ARRAYS, Rebalancer
 from .search import search as run_search
 from .state import State
 from .storage import Change, IOClass, open_store, records
@@ -204,6 +204,8 @@ class Index:
                 state.apply(rec)
                 engine.seq = log_seq
                 engine.ops_since_checkpoint += 1
+            if engine.seq == seq:  # nothing happened after the checkpoint: its extras still hold
+                engine.restored_extras = {k: arrays[k] for k in STALE_ARRAYS if k in arrays}
             return cls(engine)
         except BaseException:
             store.close()

@@ -48,6 +48,8 @@ RETRY_PAUSE_S = 0.5
 PACE_SLICE_S = 0.05
 #: How often deferred work is checked for searches that still hold it back.
 DEFERRED_POLL_S = 0.005
+#: Checkpoint arrays of the copies waiting to be cut: (posting, copy key) pairs.
+STALE_ARRAYS = ("stale_pids", "stale_keys")
 
 
 def split_children(n_live: np.ndarray, limit: int, build_fill: float) -> np.ndarray:
@@ -79,6 +81,10 @@ class Rebalancer:
         # stale (or when a round rewrites it anyway): one rewrite per copy moved out of a
         # posting cost half the background thread's time during ingest
         self._stale: dict[int, np.ndarray] = {}
+        restored = _unpair(engine.restored_extras)  # saved by the last close: ready at once
+        if restored and enabled:
+            self._deferred.append((engine.readers.now(), [], restored))
+        engine.checkpoint_extras = self._stale_arrays
         # scrubbing: vectors to re-check, earned by writes; a cursor walks the heads
         self._scrub_credit = 0.0
         self._scrub_cursor = 0
@@ -134,6 +140,16 @@ class Rebalancer:
         """Postings waiting, plus one while a round runs."""
         with self._cv:
             return len(self._pending) + int(self._busy) + len(self._deferred) + int(self._scrub_credit > 0)
+
+    def _stale_arrays(self) -> dict[str, np.ndarray]:
+        """Every copy waiting to be cut, stale or deferred, as (posting, copy key) pairs for
+        a checkpoint. Reopened with no log after it, no search is running: all may be cut."""
+        with self._cv:
+            tables = [self._stale] + [cuts for _, _, cuts in self._deferred]
+            pairs = [(p, k) for t in tables for p, k in t.items() if k.size]
+        pids = np.concatenate([np.full(k.size, p, dtype=np.int64) for p, k in pairs]) if pairs else np.zeros(0, np.int64)
+        keys = np.concatenate([k for _, k in pairs]) if pairs else np.zeros(0, np.int64)
+        return dict(zip(STALE_ARRAYS, (pids, keys)))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no work is queued or running; False on timeout. Re-raises the failure of
@@ -575,6 +591,17 @@ def _copy_keys(vids: np.ndarray, versions: np.ndarray) -> np.ndarray:
     """One int64 per copy of a vector, ``vid * 256 + version``: what cuts and stale copies
     name (a copy the user rewrote since has another version)."""
     return np.asarray(vids, dtype=np.int64) * 256 + np.asarray(versions, dtype=np.int64)
+
+
+def _unpair(arrays: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
+    """``{posting: sorted copy keys}`` from a checkpoint's (posting, copy key) pairs."""
+    if not all(name in arrays for name in STALE_ARRAYS):
+        return {}
+    pids, keys = (np.asarray(arrays[name], dtype=np.int64) for name in STALE_ARRAYS)
+    order = np.lexsort((keys, pids))
+    pids, keys = pids[order], keys[order]
+    starts = np.flatnonzero(np.concatenate(([True], pids[1:] != pids[:-1]))) if pids.size else pids
+    return {int(pids[a]): np.unique(k) for a, k in zip(starts, np.split(keys, starts[1:]))}
 
 
 def _pair_keys(owners: np.ndarray, keys: np.ndarray) -> np.ndarray:
