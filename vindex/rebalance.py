@@ -598,7 +598,7 @@ def _unpair(arrays: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
     if not all(name in arrays for name in STALE_ARRAYS):
         return {}
     pids, keys = (np.asarray(arrays[name], dtype=np.int64) for name in STALE_ARRAYS)
-    order = np.lexsort((keys, pids))
+    order = np.argsort(pids, kind="stable")  # np.unique sorts each posting's keys
     pids, keys = pids[order], keys[order]
     starts = np.flatnonzero(np.concatenate(([True], pids[1:] != pids[:-1]))) if pids.size else pids
     return {int(pids[a]): np.unique(k) for a, k in zip(starts, np.split(keys, starts[1:]))}

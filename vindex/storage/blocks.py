@@ -114,6 +114,14 @@ def _locate(pids: np.ndarray, counts: np.ndarray, i: int) -> tuple[int, int, int
     return int(pids[p]), i - int(ends[p] - counts[p]) + 1, int(counts[p])
 
 
+def _read_table(blocks: np.ndarray) -> np.ndarray:
+    """The reads that gather ``blocks`` into a buffer in order: ``(file offset, buffer offset,
+    length)`` per run of consecutive blocks (``ReadJob``'s ``runs``)."""
+    starts, lens = runs(blocks)
+    b = blocks.astype(np.int64)
+    return np.stack([b[starts] * BLOCK, starts * BLOCK, lens * BLOCK], axis=1)
+
+
 def _failed(exc: OSError, where: str, doing: str) -> StorageError:
     """An OSError from the disk as the StorageError callers handle, naming file and step."""
     return StorageError(exc.errno or errno.EIO, f"{where}: {exc.strerror or exc} (while {doing})")
@@ -271,8 +279,7 @@ class BlockStore:
             self._fd = os.open(self._data_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         size = os.fstat(self._fd).st_size
         self._capacity = size // BLOCK  # a partial last block (never written by us) is ignored
-        self._data_dirty = False
-        self._unsynced_blocks = 0  # data blocks written since the last sync
+        self._unsynced_blocks = 0  # data blocks written since the last sync (> 0: the data file is dirty)
 
     def _load(self, create: bool) -> None:
         gens = sorted(int(n[4:]) for n in os.listdir(self.path) if n.startswith("map.") and n[4:].isdigit())
@@ -292,14 +299,15 @@ class BlockStore:
             raise CorruptionError(f"block store snapshot {snap_path}: {exc}") from None
         records, good_end = self._read_log(log_path, gen, snap.lsn)
         landed = self._replay(snap, records)
+        lost = len(records) - len(landed)
         cut = "a torn final log record of an unacknowledged commit"
-        if len(landed) < len(records):
+        if lost:
             good_end = records[len(landed)].offset
-            cut = (f"{len(records) - len(landed)} log records from lsn {records[len(landed)].lsn} on, whose "
+            cut = (f"{lost} log records from lsn {records[len(landed)].lsn} on, whose "
                    f"data blocks never reached the disk (a power loss before they were fsynced)")
         lsn = landed[-1].lsn if landed else snap.lsn
         self._seq = max([snap.seq] + [r.seq for r in landed])
-        self._cut_seq = self._seq if len(landed) < len(records) else None  # see ``continue_after``
+        self._cut_seq = self._seq if lost else None  # see ``continue_after``
         self._user = [(r.seq, r.offset, r.size) for r in landed if r.seq]
         try:
             self._map.rebuild_free()
@@ -372,11 +380,8 @@ class BlockStore:
         inside = np.flatnonzero(~bad)
         for lo in range(0, inside.shape[0], VERIFY_BLOCKS):
             idx = inside[lo:lo + VERIFY_BLOCKS]
-            part = blocks[idx]
-            starts, lens = runs(part)
-            table = np.stack([part[starts] * BLOCK, starts * BLOCK, lens * BLOCK], axis=1)
             try:
-                ReadJob(self._fd, buf, table, None)()
+                ReadJob(self._fd, buf, _read_table(blocks[idx]), None)()
             except OSError as exc:
                 raise _failed(exc, f"block store {self._data_path}", "checking the data of unsynced commits") from None
             native.checksum.block_sums(buf.arr, idx.shape[0], got)
@@ -456,9 +461,7 @@ class BlockStore:
     def _read_blocks(self, blocks: np.ndarray, buf: _Aligned, io: IOClass, *,
                      deadline: float | None = None, tenant: str = "default", cost: float = 1.0) -> None:
         """Read ``blocks`` into ``buf`` in order: one I/O per run of consecutive blocks."""
-        starts, lens = runs(blocks)
-        b = blocks.astype(np.int64)
-        table = np.stack([b[starts] * BLOCK, starts * BLOCK, lens * BLOCK], axis=1)
+        table = _read_table(blocks)
         prio = CLASS_IOPRIO[io] if self.mode == "sla" else None
         try:
             self._sched.run(io, ReadJob(self._fd, buf, table, prio), tenant=tenant, deadline=deadline, cost=cost)
@@ -673,7 +676,6 @@ class BlockStore:
                     os.posix_fadvise(self._fd, off, size, os.POSIX_FADV_DONTNEED)
         except OSError as exc:
             raise _failed(exc, f"block store {self._data_path}", "writing postings") from None
-        self._data_dirty = True
         self._unsynced_blocks += blocks.shape[0]
 
     def _append_log(self, rec: bytes) -> int:
@@ -813,7 +815,6 @@ class BlockStore:
         self._log_fd, self._log_end, self._gen = new_fd, pos, gen
         self._lsn = self._synced_lsn = self._claimed_lsn = lsn
         self._user = user
-        self._data_dirty = False
         self._unsynced_blocks = 0
         for name in (f"map.{old_gen}", f"log.{old_gen}"):
             try:
@@ -830,14 +831,12 @@ class BlockStore:
     def _sync(self) -> None:
         with self._sync_lock:
             lsn = self._lsn  # records up to here are in the log already
-            dirty, self._data_dirty = self._data_dirty, False
             written, self._unsynced_blocks = self._unsynced_blocks, 0
             try:
-                if dirty:
+                if written:
                     os.fdatasync(self._fd)  # O_DIRECT data may sit in the disk's write cache
                 os.fsync(self._log_fd)
             except OSError as exc:
-                self._data_dirty = self._data_dirty or dirty
                 self._unsynced_blocks += written
                 raise _failed(exc, f"block store {self.path}", "syncing") from None
             self._synced_lsn = max(self._synced_lsn, lsn)
