@@ -40,8 +40,11 @@ log = logging.getLogger("vindex.rebalance")
 #: A posting stored in more pieces than this (one per append) is folded back into one: every
 #: piece costs the search path one more store lookup.
 FOLD_FRAGMENTS = 8
-#: Splits whose neighbourhoods are read together in one reassignment step (bounds memory).
-REASSIGN_GROUP = 16
+#: Distinct postings read together in one reassignment step: splits are grouped until their
+#: neighbourhoods reach it (at most ~50 MiB per step at the default 48 KiB posting budget).
+#: A round's splits share many neighbours, so one step per round (instead of 16 splits per
+#: step) read a third fewer postings on 200k + 200k and drained it ~15% sooner.
+REASSIGN_POSTINGS = 1024
 #: Pause after a failed round before retrying its postings.
 RETRY_PAUSE_S = 0.5
 #: Longest sleep between re-pricing a pause the pacer asked for.
@@ -489,18 +492,22 @@ class Rebalancer:
         m = min(cfg.reassign_neighbors, g.n_alive)
         near, _, counts = g.search(old_centers, native.L2, m, np.inf, cfg.ef_for(m))
         groups = []  # per group of splits: (lo, hi, examined postings, pair posting, pair split, pair is child)
-        for lo in range(0, old_centers.shape[0], REASSIGN_GROUP):
-            hi = min(lo + REASSIGN_GROUP, old_centers.shape[0])
-            post, split_of, is_child = [], [], []
-            for s in range(lo, hi):
-                kids = set(int(c) for c in children[s])
-                near_s = [int(b) for b in near[s, :counts[s]] if int(b) not in kids]
-                for b, child in [(c, True) for c in kids] + [(b, False) for b in near_s]:
-                    post.append(b)
-                    split_of.append(s - lo)
-                    is_child.append(child)
-            examined, pair_post = np.unique(np.asarray(post, dtype=np.int64), return_inverse=True)
-            groups.append((lo, hi, examined, pair_post, split_of, is_child))
+        post: list[int] = []
+        split_of: list[int] = []
+        is_child: list[bool] = []
+        seen: set[int] = set()
+        lo = 0
+        for s in range(old_centers.shape[0]):
+            kids = [int(c) for c in children[s]]
+            mine = kids + [b for b in near[s, :counts[s]].tolist() if b not in kids]
+            if s > lo and len(seen.union(mine)) > REASSIGN_POSTINGS:
+                groups.append(_group(lo, s, post, split_of, is_child))
+                post, split_of, is_child, seen, lo = [], [], [], set(), s
+            seen.update(mine)
+            post += mine
+            split_of += [s - lo] * len(mine)
+            is_child += [True] * len(kids) + [False] * (len(mine) - len(kids))
+        groups.append(_group(lo, old_centers.shape[0], post, split_of, is_child))
         reads = self._read_ahead([grp[2] for grp in groups])
         for (lo, hi, examined, pair_post, split_of, is_child), read in zip(groups, reads):
             recs_f, recs_u, offsets, keep, _ = read
@@ -585,6 +592,13 @@ class Rebalancer:
         targets = np.asarray(list(appends), dtype=np.int64)
         if targets.size:
             self.notify(targets[eng.lengths(targets) > eng.limit])
+
+
+def _group(lo: int, hi: int, post: list[int], split_of: list[int], is_child: list[bool]) -> tuple:
+    """One reassignment step over splits ``lo:hi``: the distinct postings to read and, per
+    (posting, split) pair, the index of its posting among them."""
+    examined, pair_post = np.unique(np.asarray(post, dtype=np.int64), return_inverse=True)
+    return lo, hi, examined, pair_post, split_of, is_child
 
 
 def _copy_keys(vids: np.ndarray, versions: np.ndarray) -> np.ndarray:
