@@ -739,6 +739,15 @@ def test_concurrent_clients(server, client):
 LIVE_AFTER = 1500 - 240 + 20 - 240
 
 
+def _same_after_restart(remote, local):
+    """Equal ids, distances and postings visited. A clean close saves the copies waiting to
+    be cut and the reopened index queues them again, so the background may have cut some by
+    the time of the search: as many records scanned or fewer, never more."""
+    _same_result(remote, local, work=False)
+    assert remote.stats["postings"] == local.stats["postings"]
+    assert remote.stats["records_scanned"] <= local.stats["records_scanned"]
+
+
 def test_restart_keeps_data(tmp_path):
     x = data(1500, seed=14)
     q = data(20, seed=15)
@@ -757,8 +766,8 @@ def test_restart_keeps_data(tmp_path):
         with vindex.Client(srv.target, timeout=60) as c:
             col = c.collection("kept")
             assert (col.metric, col.config, len(col)) == ("cosine", before[3], before[4])
-            _same_result(col.search(q, 10, **EXACT), before[0])
-            _same_result(col.search(q, 10), before[1])
+            _same_after_restart(col.search(q, 10, **EXACT), before[0])
+            _same_after_restart(col.search(q, 10), before[1])
             (xa, fa), (xb, fb) = col.get(np.arange(1200)), before[2]
             np.testing.assert_array_equal(fa, fb)
             np.testing.assert_array_equal(xa, xb)
