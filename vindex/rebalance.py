@@ -41,9 +41,10 @@ log = logging.getLogger("vindex.rebalance")
 #: piece costs the search path one more store lookup.
 FOLD_FRAGMENTS = 8
 #: Distinct postings read together in one reassignment step: splits are grouped until their
-#: neighbourhoods reach it (at most ~50 MiB per step at the default 48 KiB posting budget).
-#: A round's splits share many neighbours, so one step per round (instead of 16 splits per
-#: step) read a third fewer postings on 200k + 200k and drained it ~15% sooner.
+#: neighbourhoods reach it (~50 MiB per step at the default 48 KiB posting budget; postings
+#: waiting to split hold more, and ``_read_ahead`` holds two steps). A round's splits share
+#: many neighbours, so one step per round (instead of 16 splits per step) read a third fewer
+#: postings on 200k + 200k and drained it ~15% sooner; the read-ahead then rarely overlaps.
 REASSIGN_POSTINGS = 1024
 #: Pause after a failed round before retrying its postings.
 RETRY_PAUSE_S = 0.5
