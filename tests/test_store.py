@@ -220,3 +220,83 @@ def test_rocks_opens_a_directory_written_before_first_chunks(tmp_path):
     s.commit(Change(replaces={0: recs([4])}, appends={5: recs([6])}), IOClass.UPDATE)
     assert read_vids(s, [0, 5]) == [[4], [2, 6]]
     s.close()
+
+
+
+def _counting(s):
+    """Wrap ``s._multi_get`` to record how many keys each fetch asks for."""
+    fetch, fetched = s._multi_get, []
+
+    def counted(keys):
+        fetched.append(len(keys))
+        return fetch(keys)
+
+    s._multi_get = counted
+    return fetched
+
+
+def test_rocks_rereads_only_the_chunks_appended_since_a_posting_was_read(tmp_path):
+    """What a read found after a posting's first chunk is kept: the next read fetches the
+    first chunk and the chunks appended since, and gives the same bytes as a full read."""
+    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
+    s.commit(Change(appends={0: recs([1]), 1: recs([10])}), IOClass.UPDATE)
+    for v in (2, 3, 4):
+        s.commit(Change(appends={0: recs([v])}), IOClass.UPDATE)
+    fetched = _counting(s)
+    assert read_vids(s, [0, 1]) == [[1, 2, 3, 4], [10]]
+    assert read_vids(s, [0, 1]) == [[1, 2, 3, 4], [10]]
+    s.commit(Change(appends={0: recs([5]), 1: recs([11])}), IOClass.UPDATE)
+    assert read_vids(s, [1, 0]) == [[10, 11], [1, 2, 3, 4, 5]]
+    assert fetched == [5, 2, 2 + 2]
+    # a replace (or a drop) moves the posting: what was learnt of it is not used again
+    s.commit(Change(replaces={0: recs([6])}), IOClass.BACKGROUND)
+    s.commit(Change(appends={0: recs([7])}), IOClass.UPDATE)
+    s.commit(Change(replaces={0: recs([8])}), IOClass.BACKGROUND)
+    s.commit(Change(appends={0: recs([9])}), IOClass.UPDATE)
+    s.commit(Change(appends={0: recs([12])}), IOClass.UPDATE)
+    assert read_vids(s, [0]) == [[8, 9, 12]]
+    s.commit(Change(drops=[1]), IOClass.BACKGROUND)
+    s.commit(Change(appends={1: recs([13])}), IOClass.UPDATE)
+    s.commit(Change(appends={1: recs([14])}), IOClass.UPDATE)
+    assert read_vids(s, [1, 0]) == [[13, 14], [8, 9, 12]]
+    assert fetched[-1] == 2 + 1
+    assert s.stats()["tail_cache_bytes"] == sum(len(t[2]) for t in s._tails.values()) > 0
+    s.close()
+
+
+def test_rocks_tails_stay_within_their_share_of_the_cache(tmp_path):
+    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=8 * RS, create=True)
+    for v in range(6):
+        s.commit(Change(appends={0: recs([v]), 1: recs([100 + v])}), IOClass.UPDATE)
+        assert read_vids(s, [0, 1]) == [list(range(v + 1)), [100 + w for w in range(v + 1)]]
+        assert s._tail_bytes <= 2 * RS
+        assert s._tail_bytes == sum(len(t[2]) for t in s._tails.values())
+    s.close()
+
+
+@pytest.mark.parametrize("kind", ["appends", "replaces", "drops"])
+def test_rocks_read_that_races_a_commit_to_a_posting_it_knows_reads_it_right(tmp_path, kind):
+    """A read that took a posting's tail from memory while a commit changed the posting
+    returns the posting as it was or as the commit left it, never a mix."""
+    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
+    s.commit(Change(appends={0: recs([1]), 1: recs([5])}), IOClass.UPDATE)
+    s.commit(Change(appends={0: recs([2])}), IOClass.UPDATE)
+    assert read_vids(s, [0, 1]) == [[1, 2], [5]]
+    s.commit(Change(appends={0: recs([3])}), IOClass.UPDATE)
+    change = {"appends": Change(appends={0: recs([9])}), "replaces": Change(replaces={0: recs([9])}),
+              "drops": Change(drops=[0])}[kind]
+    fetch, fetched = s._multi_get, []
+
+    def commit_first(keys):
+        if not fetched:
+            s.commit(change, IOClass.UPDATE)
+        fetched.append(len(keys))
+        return fetch(keys)
+
+    s._multi_get = commit_first
+    got = read_vids(s, [0, 1])
+    assert fetched[0] == 3  # posting 0's first and newest chunks, posting 1's only chunk
+    assert got in {"appends": [[[1, 2, 3], [5]]], "replaces": [[[9], [5]]], "drops": [[[], [5]]]}[kind]
+    s._multi_get = fetch
+    assert read_vids(s, [0]) == {"appends": [[1, 2, 3, 9]], "replaces": [[9]], "drops": [[]]}[kind]
+    s.close()
