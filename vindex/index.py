@@ -442,7 +442,8 @@ class Index:
     # --- maintenance --------------------------------------------------------------------------
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until background rebalancing has nothing queued or running; False if
-        ``timeout`` seconds pass first. Re-raises a background failure."""
+        ``timeout`` seconds pass first. Raises the failure of a background round that fails
+        meanwhile (the work is retried, so a call after the cause is gone returns True)."""
         self._check_open()
         return self._rebalancer.wait_idle(timeout)
 

@@ -156,14 +156,16 @@ class Rebalancer:
         return dict(zip(STALE_ARRAYS, (pids, keys)))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until no work is queued or running; False on timeout. Re-raises the failure of
-        the latest background round if it failed (it is retried; a later success clears it)."""
+        """Block until no work is queued or running; False on timeout. Raises the failure of a
+        background round that fails while it waits (failed work is retried: once the cause,
+        a full disk say, is gone, a later call returns True)."""
         with self._cv:
+            seen = self.counters["errors"]
             idle = self._cv.wait_for(lambda: (not self._pending and not self._busy and not self._deferred
-                                              and self._scrub_credit <= 0) or self._error is not None, timeout)
-            if self._error is not None:
-                err, self._error = self._error, None
-                raise err
+                                              and self._scrub_credit <= 0) or self.counters["errors"] > seen,
+                                     timeout)
+            if self.counters["errors"] > seen and self._error is not None:
+                raise self._error
             return bool(idle)
 
     def close(self) -> None:
@@ -207,8 +209,8 @@ class Rebalancer:
                         self._error = None  # the failure (a full disk, say) is over
             except BaseException as exc:  # keep the worker alive; report through wait_idle
                 log.exception("background round failed")
-                self.counters["errors"] += 1
                 with self._cv:
+                    self.counters["errors"] += 1
                     self._error = exc
                     self._pending.update(batch)
                 time.sleep(RETRY_PAUSE_S)
