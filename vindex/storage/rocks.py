@@ -62,6 +62,8 @@ READ_ATTEMPTS = 1000
 #: Share of ``cache_bytes`` that the chunks read after postings' first chunks may take in
 #: memory (see ``RocksStore._tails``).
 TAIL_SHARE = 0.25
+#: Postings a read adds to the tails it keeps per hold of their lock.
+LEARN_SLICE = 64
 _CHUNKS_MASK = (1 << 32) - 1
 
 
@@ -219,7 +221,7 @@ class RocksStore:
             time.sleep(0)  # let the commit update the directory
         data, offsets = self._gather(values, plan)
         if whole and plan.learn and self._tail_cap:
-            self._learn_tails(pids, gens, plan, data, offsets)
+            self._learn_tails(pids, gens, plan, data, offsets, wait=io is not IOClass.INTERACTIVE)
         self.reads += len(pids)
         self.read_bytes += data.shape[0]
         return PostingBatch(data, offsets)
@@ -269,19 +271,26 @@ class RocksStore:
         return False
 
     def _learn_tails(self, pids: np.ndarray, gens: np.ndarray, plan: "_ReadPlan", data: np.ndarray,
-                     offsets: np.ndarray) -> None:
-        """Keep what this read found after the first chunk of postings in several chunks."""
+                     offsets: np.ndarray, *, wait: bool) -> None:
+        """Keep what this read found after the first chunk of postings in several chunks.
+        A search (``wait`` False) skips this when another read holds the lock; others take
+        it for ``LEARN_SLICE`` postings at a time, so a search never waits long for it."""
         rs = self.record_size
-        with self._tail_lock:
-            tails = self._tails
-            for i, span in plan.learn:
-                pid = int(pids[i])
-                tail = data[offsets[i] * rs + plan.firsts[i]:offsets[i + 1] * rs].tobytes()
-                old = tails.pop(pid, None)
-                self._tail_bytes += len(tail) - (len(old[2]) if old is not None else 0)
-                tails[pid] = (int(gens[i]), span, tail)
-            while self._tail_bytes > self._tail_cap:
-                self._tail_bytes -= len(tails.popitem(last=False)[1][2])
+        learnt = [(int(pids[i]), (int(gens[i]), span, data[offsets[i] * rs + plan.firsts[i]:offsets[i + 1] * rs].tobytes()))
+                  for i, span in plan.learn]
+        tails = self._tails
+        for lo in range(0, len(learnt), LEARN_SLICE):
+            if not self._tail_lock.acquire(blocking=wait):
+                return
+            try:
+                for pid, entry in learnt[lo:lo + LEARN_SLICE]:
+                    old = tails.pop(pid, None)
+                    self._tail_bytes += len(entry[2]) - (len(old[2]) if old is not None else 0)
+                    tails[pid] = entry
+                while self._tail_bytes > self._tail_cap:
+                    self._tail_bytes -= len(tails.popitem(last=False)[1][2])
+            finally:
+                self._tail_lock.release()
 
     @property
     def scheduler(self) -> IOScheduler:
