@@ -300,3 +300,20 @@ def test_rocks_read_that_races_a_commit_to_a_posting_it_knows_reads_it_right(tmp
     s._multi_get = fetch
     assert read_vids(s, [0]) == {"appends": [[1, 2, 3, 9]], "replaces": [[9]], "drops": [[]]}[kind]
     s.close()
+
+
+def test_rocks_search_does_not_wait_for_another_read_learning_tails(tmp_path):
+    import threading
+
+    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
+    s.commit(Change(appends={0: recs([1])}), IOClass.UPDATE)
+    s.commit(Change(appends={0: recs([2])}), IOClass.UPDATE)
+    got = []
+    with s._tail_lock:  # another read is adding what it learnt
+        t = threading.Thread(target=lambda: got.append(read_vids(s, [0])))
+        t.start()
+        t.join(5)
+        assert not t.is_alive() and got == [[[1, 2]]]
+        assert not s._tails  # it skipped learning rather than wait
+    assert read_vids(s, [0]) == [[1, 2]] and 0 in s._tails
+    s.close()

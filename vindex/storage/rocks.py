@@ -276,7 +276,8 @@ class RocksStore:
         A search (``wait`` False) skips this when another read holds the lock; others take
         it for ``LEARN_SLICE`` postings at a time, so a search never waits long for it."""
         rs = self.record_size
-        learnt = [(int(pids[i]), (int(gens[i]), span, data[offsets[i] * rs + plan.firsts[i]:offsets[i + 1] * rs].tobytes()))
+        learnt = [(int(pids[i]), (int(gens[i]), span,
+                                  data[offsets[i] * rs + plan.firsts[i]:offsets[i + 1] * rs].tobytes()))
                   for i, span in plan.learn]
         tails = self._tails
         for lo in range(0, len(learnt), LEARN_SLICE):
