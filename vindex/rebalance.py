@@ -54,7 +54,8 @@ REASSIGN_POSTINGS = 1024
 #: A posting rewritten without garbage moves its head to the mean of its primary copies
 #: (vectors whose home it is) when it holds at least this many. On the 1M churn benchmark
 #: this took recall@10 at max_postings 16 / 32 / 64 from 0.872 / 0.937 / 0.975 to
-#: 0.884 / 0.945 / 0.979 (a fresh build: 0.896 / 0.953 / 0.981) at the same vectors scanned.
+#: 0.884 / 0.945 / 0.979 (a fresh build: 0.896 / 0.953 / 0.981) at the same vectors scanned
+#: (``scrub_ratio`` 1.0; with 0.5, 0.889 / 0.949 / 0.980).
 RECENTRE_MIN = 4
 #: Pause after a failed round before retrying its postings.
 RETRY_PAUSE_S = 0.5
