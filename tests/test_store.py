@@ -222,7 +222,6 @@ def test_rocks_opens_a_directory_written_before_first_chunks(tmp_path):
     s.close()
 
 
-
 def _counting(s):
     """Wrap ``s._multi_get`` to record how many keys each fetch asks for."""
     fetch, fetched = s._multi_get, []

@@ -71,7 +71,7 @@ class IndexConfig:
     scrub_ratio: float = 0.5
     """Stored vectors re-checked in the background per vector written: each is moved if its
     posting is no longer among the ones the RNG rule picks (0: only SPFresh's reassignment
-    around splits). On 1M, 0.5 instead of 1.0 drained 500k upserts in 32.8 s instead of
+    around splits). On 1M, 0.5 instead of 1.0 drained 500k upserts in 32.5 s instead of
     38.8 (0: 29.4 s), and the churn benchmark's gaps to a fresh build were +0.007 / +0.004 /
     +0.001 against +0.012 / +0.008 / +0.002 (single runs)."""
     split_balance: float = 1.0
