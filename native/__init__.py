@@ -1,7 +1,8 @@
 """numba kernels for every hot loop of vindex.
 
 Pure functions over arrays: no I/O, no Python objects, no closures over index data. Query-path
-kernels are ``nogil`` so searches run in parallel threads; all are ``cache=True``. Call
+kernels are ``nogil`` so searches run in parallel threads (``held`` calls them keeping the GIL,
+for searches of a few queries); all are ``cache=True``. Call
 :func:`warmup` before serving so compilation (or cache loading) happens up front.
 
 Submodules load on first use (``native.graph`` imports numba then), so a process that only
@@ -14,8 +15,8 @@ import importlib
 
 from .metrics import IP, L2
 
-_SUBMODULES = ("checksum", "distances", "graph", "heap", "idhash", "kmeans", "layout", "lire", "prefetch", "replicas",
-               "scan")
+_SUBMODULES = ("checksum", "distances", "graph", "heap", "held", "idhash", "kmeans", "layout", "lire", "prefetch",
+               "replicas", "scan")
 
 
 def __getattr__(name: str):
@@ -28,7 +29,7 @@ def warmup() -> None:
     """Run every kernel once on tiny inputs of the exact types the library passes."""
     import numpy as np
 
-    from . import distances, graph, idhash, kmeans, lire, replicas, scan
+    from . import distances, graph, held, idhash, kmeans, lire, replicas, scan
 
     rng = np.random.default_rng(0)
     d, n = 8, 40
@@ -51,14 +52,17 @@ def warmup() -> None:
                                     n + 10, bd, bi, bx, ids, dd)
         graph.search_batch(q, heads, nbrs, entries[None], metric, 8, np.inf, visited,
                            n + 20, bd, bi, bx, ids, dd)
+        held.search_batch(q, heads, nbrs, entries[None], metric, 8, 10.0, visited, n + 25, bd, bi, bx, ids, dd)
         distances.pairwise(metric, q, heads)
         graph.exact_search(q, heads, np.ones(n, np.bool_), metric, 8, 10.0, ids, dd)
+        held.exact_search(q, heads, np.ones(n, np.bool_), metric, 8, 10.0, ids, dd)
     reps = np.empty((2, 4), np.int32)
     reps_d = np.empty((2, 4), np.float32)
     replicas.select(ids, dd, heads, 0.5, 1.0, reps, reps_d)
     replicas.select_parallel(ids, dd, heads, 0.5, 1.0, reps, reps_d)
     slot = np.full(n, -1, dtype=np.int32)
     pids, q_ptr, q_idx = scan.group_by_posting(ids, counts, slot)
+    held.group_by_posting(ids, counts, slot)
     recs = np.zeros((4, d + 2), np.float32)
     recs[:, 2:] = heads[:4]
     data = np.frombuffer(bytearray(recs.tobytes()), dtype=np.uint8)  # writable, as stores return
@@ -67,6 +71,7 @@ def warmup() -> None:
     versions = np.zeros(8, np.uint8)
     vid2ext = np.arange(8, dtype=np.int64)
     live = scan.live_ids(recs_u, versions, vid2ext)
+    held.live_ids(recs_u, versions, vid2ext)
     offsets = np.array([0, 4], dtype=np.int64)
     one_ptr = np.array([0, 2], dtype=np.int64)
     one_idx = np.array([0, 1], dtype=np.int32)
@@ -74,8 +79,10 @@ def warmup() -> None:
         hd = np.empty((2, 3), np.float32)
         hi = np.empty((2, 3), np.int64)
         sizes = np.zeros(2, np.int32)
-        scan.scan_grouped(recs_f, live, offsets, one_ptr, one_idx, q, metric, hd, hi, sizes)
-        scan.finish(hd, hi, sizes)
+        for kernels in (scan, held):
+            sizes[:] = 0
+            kernels.scan_grouped(recs_f, live, offsets, one_ptr, one_idx, q, metric, hd, hi, sizes)
+            kernels.finish(hd, hi, sizes)
     labels = np.full(4, -1, np.int64)
     cents = np.zeros((2, d), np.float32)
     keep, n_live = lire.live_dedupe(recs_u, offsets, versions, np.full(8, -1, np.int64))

@@ -4,12 +4,16 @@ none that starts after an acknowledged replacement returns the old vector, and n
 holds an id twice."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
 import numpy as np
+import pytest
 
 import vindex
+import vindex.heads as heads_module
+from vindex.search import HELD_MAX_QUERIES
 from conftest import brute_force
 
 ALL = dict(max_postings=4096, eps=float("inf"), ef=4096)
@@ -93,3 +97,54 @@ def test_concurrent_searches_and_updates(tmp_path, bigann):
     s = index.stats()
     assert s["live"] == ids.size and s["background_errors"] == 0
     index.close()
+
+
+@pytest.mark.parametrize("graph_search", [False, True])
+def test_few_query_searches_match_batches(tmp_path, bigann, monkeypatch, graph_search):
+    """Searches of up to HELD_MAX_QUERIES queries call the GIL-holding entry points
+    (``native.held``), larger ones the nogil kernels: both give the same results."""
+    if graph_search:  # the head graph instead of exact head search on this small index
+        monkeypatch.setattr(heads_module, "EXACT_MAX_HEADS", 0)
+    base = bigann["base"][:5000].astype(np.float32)
+    index = vindex.Index.build(tmp_path / "h", base, posting_limit_bytes=8 * 1024)
+    queries = bigann["queries"][:HELD_MAX_QUERIES + 8].astype(np.float32)
+    batch = index.search(queries, 10)
+    for i in range(queries.shape[0]):
+        one = index.search(queries[i], 10)
+        np.testing.assert_array_equal(one.ids[0], batch.ids[i])
+        np.testing.assert_array_equal(one.distances[0], batch.distances[i])
+    index.close()
+
+
+def test_one_query_search_gives_the_gil_back_once(tmp_path, bigann):
+    """Beside a thread running Python, every GIL release costs a search up to one switch
+    interval. A one-query search releases it only for its read (the kernels keep it)."""
+    base = bigann["base"][:5000].astype(np.float32)
+    index = vindex.Index.build(tmp_path / "g", base)
+    queries = bigann["queries"][:7].astype(np.float32)
+    index.search(queries[0], 10)
+    stop = threading.Event()
+
+    def python_loop():
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    interval = 0.05
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    spinner = threading.Thread(target=python_loop)
+    spinner.start()
+    try:
+        took = []
+        for q in queries:
+            t0 = time.perf_counter()
+            index.search(q, 10)
+            took.append(time.perf_counter() - t0)
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(old)
+        index.close()
+    # measured: 1.0 interval each; 2-3 through the nogil kernels (HELD_MAX_QUERIES = 0)
+    assert np.median(took) < 1.6 * interval, took

@@ -113,8 +113,9 @@ class HeadGraph:
 
     # --- search ---------------------------------------------------------------------------------
     def search(self, queries: np.ndarray, metric: int, m: int, eps: float, ef: int,
-               seeds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               seeds: np.ndarray | None = None, held: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Nearest ``m`` heads per query with pruning: ``(ids (nq, m), dists, counts)``.
+        ``held``: keep the GIL (``native.held``), for searches of a few queries.
 
         ``seeds`` (one head per query, -1 for none): a head known to lie near the query (the
         posting a stored vector sits in), which starts its search instead of the shared entry
@@ -131,15 +132,16 @@ class HeadGraph:
             return ids, dists, np.zeros(nq, dtype=np.int32)
         arrays, n, entries = self.arrays_, self.n, self.entries
         if self.n_alive <= EXACT_MAX_HEADS:
-            return self._search_exact(arrays, queries, metric, m, eps, ids, dists)
+            return self._search_exact(arrays, queries, metric, m, eps, ids, dists, held)
         vectors, nbrs = arrays.vectors, arrays.nbrs
         entries = entries[entries < vectors.shape[0]]  # entries may be newer than ``arrays``
         s = scratch()
         visited, stamp0 = s.stamps(vectors.shape[0], nq)
         bd, bi, bx = s.beam_arrays(max(ef, m))
         starts = entries[None] if seeds is None else self._seed_rows(np.asarray(seeds, dtype=np.int64), entries)
-        counts = native.graph.search_batch(queries, vectors, nbrs, starts, metric, m, eps, visited,
-                                           stamp0, bd, bi, bx, ids, dists)
+        kernels = native.held if held else native.graph
+        counts = kernels.search_batch(queries, vectors, nbrs, starts, metric, m, eps, visited, stamp0, bd, bi, bx,
+                                      ids, dists)
         return ids, dists, counts
 
     def _seed_rows(self, seeds: np.ndarray, entries: np.ndarray) -> np.ndarray:
@@ -155,7 +157,7 @@ class HeadGraph:
         return rows
 
     def _search_exact(self, arrays: _Arrays, queries: np.ndarray, metric: int, m: int,
-                      eps: float, ids: np.ndarray, dists: np.ndarray
+                      eps: float, ids: np.ndarray, dists: np.ndarray, held: bool = False
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         # One copy of the liveness flags fixes the head set for the whole batch. Writers make
         # new heads alive before they retire old ones, so a copy taken in index order never
@@ -164,7 +166,8 @@ class HeadGraph:
         n = int(np.flatnonzero(alive)[-1]) + 1 if alive.any() else 0
         vectors, alive = arrays.vectors[:n], alive[:n]
         if queries.shape[0] <= EXACT_KERNEL_MAX_QUERIES:  # BLAS call overheads dominate
-            counts = native.graph.exact_search(queries, vectors, alive, metric, m, eps, ids, dists)
+            kernels = native.held if held else native.graph
+            counts = kernels.exact_search(queries, vectors, alive, metric, m, eps, ids, dists)
             return ids, dists, counts
         norms = np.einsum("ij,ij->i", vectors, vectors)
         counts = np.empty(queries.shape[0], dtype=np.int32)

@@ -20,6 +20,11 @@ from .storage import IOClass, PostingStore, records
 READ_CHUNK = 2048
 
 
+#: Searches of at most this many queries call the kernels through ``native.held``, keeping
+#: the GIL: a release costs a hand-off that, beside a thread running Python, can take a whole
+#: switch interval, more than such a search spends in the kernels.
+HELD_MAX_QUERIES = 16
+
 #: Head selections a search makes before it accepts one that heads created meanwhile may
 #: have outdated.
 SELECT_ATTEMPTS = 3
@@ -54,8 +59,10 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings,
     heap_i = np.empty((nq, k), dtype=np.int64)
     sizes = np.zeros(nq, dtype=np.int32)
     generation = graph.generation
-    head_ids, _, counts = graph.search(queries, metric, max_postings, eps, ef)
-    pids, q_ptr, q_idx = native.scan.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
+    held = nq <= HELD_MAX_QUERIES
+    kernels = native.held if held else native.scan
+    head_ids, _, counts = graph.search(queries, metric, max_postings, eps, ef, held=held)
+    pids, q_ptr, q_idx = kernels.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
     postings = scanned = dropped = 0
     for lo in range(0, pids.shape[0], READ_CHUNK):
         hi = min(lo + READ_CHUNK, pids.shape[0])
@@ -69,10 +76,10 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings,
                 continue
             # the map arrays change (in place, too) only under the exclusive side of this section
             recs_f, recs_u = records.view(batch.data, dim)
-            ids = native.scan.live_ids(recs_u, idmap.versions, idmap.vid2ext)
+            ids = kernels.live_ids(recs_u, idmap.versions, idmap.vid2ext)
         postings += hi - lo
         scanned += int(np.dot(np.diff(batch.offsets), np.diff(q_ptr[lo:hi + 1])))
-        native.scan.scan_grouped(recs_f, ids, batch.offsets, q_ptr[lo:hi + 1], q_idx, queries, metric,
+        kernels.scan_grouped(recs_f, ids, batch.offsets, q_ptr[lo:hi + 1], q_idx, queries, metric,
                                  heap_d, heap_i, sizes)
-    native.scan.finish(heap_d, heap_i, sizes)
+    kernels.finish(heap_d, heap_i, sizes)
     return heap_i, heap_d, {"postings": postings, "records_scanned": scanned, "postings_dropped": dropped}

@@ -1,0 +1,59 @@
+"""The query kernels again, as entry points that keep the GIL: for searches of a few queries.
+
+Every ``nogil`` kernel call releases the GIL and takes it back on return. Taking it back is a
+hand-off: when another thread runs Python meanwhile (an ingest does), the search waits until
+that thread lets go, up to the switch interval. A batch-size-1 search on 200k vectors made
+five such calls; beside a thread running a plain Python loop it took 4.8 ms instead of 0.29
+(five 1 ms switch intervals), and 1.5 ms through these entry points, which leave it one
+release: its read from the store.
+
+Holding the GIL costs parallelism only for the time these kernels run, about 50 us for one
+query, less than such a search spends in Python anyway; batches larger than
+``vindex.search.HELD_MAX_QUERIES`` use the ``nogil`` kernels and run in parallel threads.
+A call from one compiled function to another is a plain native call, so each entry point
+is the ``nogil`` kernel's own code.
+"""
+from __future__ import annotations
+
+import numba as nb
+
+from . import graph, scan
+
+_h = dict(cache=True)
+
+
+@nb.njit(**_h)
+def search_batch(queries, heads, nbrs, starts, metric, m, eps, visited, stamp0, bd, bi, bx, out_ids, out_d):
+    """:func:`native.graph.search_batch`, GIL held."""
+    return graph.search_batch(queries, heads, nbrs, starts, metric, m, eps, visited, stamp0, bd, bi, bx,
+                              out_ids, out_d)
+
+
+@nb.njit(**_h)
+def exact_search(queries, heads, alive, metric, m, eps, out_ids, out_d):
+    """:func:`native.graph.exact_search`, GIL held."""
+    return graph.exact_search(queries, heads, alive, metric, m, eps, out_ids, out_d)
+
+
+@nb.njit(**_h)
+def group_by_posting(sel, counts, slot):
+    """:func:`native.scan.group_by_posting`, GIL held."""
+    return scan.group_by_posting(sel, counts, slot)
+
+
+@nb.njit(**_h)
+def live_ids(recs_u, versions, vid2ext):
+    """:func:`native.scan.live_ids`, GIL held."""
+    return scan.live_ids(recs_u, versions, vid2ext)
+
+
+@nb.njit(**_h)
+def scan_grouped(recs_f, ids, post_off, q_ptr, q_idx, queries, metric, heap_d, heap_i, sizes):
+    """:func:`native.scan.scan_grouped`, GIL held."""
+    scan.scan_grouped(recs_f, ids, post_off, q_ptr, q_idx, queries, metric, heap_d, heap_i, sizes)
+
+
+@nb.njit(**_h)
+def finish(heap_d, heap_i, sizes):
+    """:func:`native.scan.finish`, GIL held."""
+    scan.finish(heap_d, heap_i, sizes)
