@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-queries", type=int, default=3000)
     ap.add_argument("--latency-repeat", type=int, default=3, help="idle / under-ingest pairs per switch interval")
     ap.add_argument("--skip-hnswlib", action="store_true")
-    ap.add_argument("--switch-intervals", default="0.005,0.001,0.0005",
-                    help="GIL switch intervals (s) to measure latency under ingest with (Python's default is 0.005, `vindex serve` sets 0.001)")
+    ap.add_argument("--switch-intervals", default="0.005,0.001,0.00025",
+                    help="GIL switch intervals (s) to measure latency under ingest with (Python's default is 0.005, `vindex serve` sets 0.00025)")
     ap.add_argument("--io-scheduler", default="sla", choices=["sla", "fifo"],
                     help="sla: background rebalancing paced to --p99-target-ms; fifo: unpaced")
     ap.add_argument("--p99-target-ms", type=float, default=5.0)

@@ -37,9 +37,10 @@ COLLECTION = "bench"
 
 
 # --- the server ------------------------------------------------------------------------------------
-def start_server(data_dir: str) -> tuple[subprocess.Popen, str]:
+def start_server(data_dir: str, switch_interval_ms: float | None = None) -> tuple[subprocess.Popen, str]:
+    extra = [] if switch_interval_ms is None else ["--switch-interval-ms", str(switch_interval_ms)]
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--data", data_dir, "--port", "0",
-                             "--log-level", "warning"], stdout=subprocess.PIPE, text=True)
+                             "--log-level", "warning", *extra], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if " on " not in line:
         proc.kill()
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ingest", default="100k", help="new vectors upserted in the upsert phases")
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--index-cache", default=os.path.expanduser("~/.cache/vindex-bench/indexes"))
+    ap.add_argument("--switch-interval-ms", type=float, default=None,
+                    help="the server's GIL switch interval (default: what `vindex serve` sets)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
 
@@ -163,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="vindex-service-load-")
     result: dict = {"meta": {"dataset": ds.name, "clients": args.clients, "duration_s": args.duration,
                              "max_postings": args.max_postings, "k": 10, "ingest": n_ingest, "batch": args.batch,
-                             "cores": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}}
+                             "cores": os.cpu_count(), "switch_interval_ms": args.switch_interval_ms,
+                             "time": time.strftime("%Y-%m-%d %H:%M:%S")}}
     k, m = 10, args.max_postings
     try:
         # 1. library, in process, one thread
@@ -194,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # 2. search through the server
         data = copy_index(cached, root)
-        proc, addr = start_server(data)
+        proc, addr = start_server(data, args.switch_interval_ms)
         try:
             lats = run_clients([(_search_client, (addr, queries[c::args.clients], k, m, args.duration))
                                 for c in range(args.clients)], args.duration)
@@ -210,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # 3. bulk ingest through UpsertStream
         data = copy_index(cached, root)
-        proc, addr = start_server(data)
+        proc, addr = start_server(data, args.switch_interval_ms)
         try:
             (done, secs), = run_clients([(_upsert_client, (addr, new_ids, new_x, args.batch, None))], 0)
             result["grpc_upsert"] = {"per_s": done / secs, "seconds": secs, "rows": done,

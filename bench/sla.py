@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-postings", type=int, default=16)
     ap.add_argument("--p99-target-ms", type=float, default=0.0,
                     help="A's p99 target the sla runs pace to (0: 1.5x A's p99 alone, the SLA itself)")
-    ap.add_argument("--switch-interval-ms", type=float, default=1.0,
+    ap.add_argument("--switch-interval-ms", type=float, default=0.25,
                     help="the GIL switch interval, as `vindex serve` sets it (Python's default is 5)")
     ap.add_argument("--burner", action="store_true",
                     help="also run A beside a CPU-bound process on every core (no GIL shared)")
