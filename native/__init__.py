@@ -104,3 +104,4 @@ def warmup() -> None:
     checksum.first_bad(block, sums)
     one = np.zeros(1, np.int64)
     layout.check_and_compact(block, sums, one, one, one)
+    held.check_and_compact(block, sums, one, one, one)

@@ -92,6 +92,7 @@ log = logging.getLogger("vindex.storage.blocks")
 GROW_MIN_BLOCKS = 1024    # grow the data file by at least 4 MiB (and 1/8 of its size)
 WRITE_CHUNK = 16 << 20    # bulk_load writes through a buffer of this size
 SYNC_TO_REUSE = 1024      # blocks waiting only for an fsync that make a commit sync, not grow
+HELD_MAX_BLOCKS = 256     # reads of at most this many blocks check and move them keeping the GIL (native.held)
 PAUSE_MIN_POSTINGS = 64   # commits writing more postings pause for running searches in between
 SYNC_EVERY_BLOCKS = 65536  # unsynced data (256 MiB) after which a commit syncs: bounds what an open reads back
 VERIFY_BLOCKS = 4096       # blocks read back at a time when opening checks unsynced commits
@@ -442,7 +443,8 @@ class BlockStore:
         if total:  # the bytes are ours now (thread buffer): check them, then move them (one kernel call)
             src, dst = (np.cumsum(counts) - counts) * BLOCK, np.cumsum(nbytes) - nbytes
             sums = np.concatenate([e.sums for e in entries if e is not None])
-            bad = native.layout.check_and_compact(buf.arr, sums, src, dst, nbytes)
+            kernels = native.held if total <= HELD_MAX_BLOCKS else native.layout
+            bad = kernels.check_and_compact(buf.arr, sums, src, dst, nbytes)
             if bad >= 0:
                 self._corrupt(blocks, bad, lambda i: _locate(pids, counts, i))
         offsets = np.zeros(recs.shape[0] + 1, dtype=np.int64)
