@@ -82,7 +82,7 @@ def latency_under_ingest(index: vindex.Index, q: np.ndarray, extra: np.ndarray, 
     out = {"idle": pi, "under_ingest": pb, "p99_ratio": pb["p99"] / pi["p99"],
            "ingest_per_s_meanwhile": float(np.median(rates)),
            "runs_idle_p99": [r["p99"] for r in idles], "runs_under_ingest_p99": [r["p99"] for r in busies]}
-    print(f"[latency, switch interval {sys.getswitchinterval() * 1e3:.1f} ms, medians of {args.latency_repeat}] "
+    print(f"[latency, switch interval {sys.getswitchinterval() * 1e3:g} ms, medians of {args.latency_repeat}] "
           f"idle p50 {pi['p50']:.3f} p99 {pi['p99']:.3f} ms; under ingest p50 {pb['p50']:.3f} p99 {pb['p99']:.3f} ms "
           f"(x{pb['p99'] / pi['p99']:.2f}; p99 runs idle {[round(r['p99'], 2) for r in idles]}, "
           f"under ingest {[round(r['p99'], 2) for r in busies]}); ingest meanwhile {out['ingest_per_s_meanwhile']:.0f}/s",
