@@ -10,11 +10,12 @@ release: its read from the store.
 Holding the GIL costs parallelism only for the time these kernels run, about 50 us for one
 query, less than such a search spends in Python anyway; batches larger than
 ``vindex.search.HELD_MAX_QUERIES`` use the ``nogil`` kernels and run in parallel threads.
-The block store checks and moves reads of up to ``HELD_MAX_BLOCKS`` blocks here too (on
+The block store checks and moves reads of up to ``HELD_MAX_BLOCKS`` blocks here too: on
 200k, beside the same loop at a 0.25 ms switch interval, a max_postings-16 search took
-1.17 ms at the median against 1.78 ms).
+1.17 ms at the median against 1.78 ms.
+
 A call from one compiled function to another is a plain native call, so each entry point
-is the ``nogil`` kernel's own code.
+runs the ``nogil`` kernel's own code.
 """
 from __future__ import annotations
 

@@ -80,6 +80,6 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings,
         postings += hi - lo
         scanned += int(np.dot(np.diff(batch.offsets), np.diff(q_ptr[lo:hi + 1])))
         kernels.scan_grouped(recs_f, ids, batch.offsets, q_ptr[lo:hi + 1], q_idx, queries, metric,
-                                 heap_d, heap_i, sizes)
+                             heap_d, heap_i, sizes)
     kernels.finish(heap_d, heap_i, sizes)
     return heap_i, heap_d, {"postings": postings, "records_scanned": scanned, "postings_dropped": dropped}
