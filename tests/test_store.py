@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -302,8 +303,6 @@ def test_rocks_read_that_races_a_commit_to_a_posting_it_knows_reads_it_right(tmp
 
 
 def test_rocks_search_does_not_wait_for_another_read_learning_tails(tmp_path):
-    import threading
-
     s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
     s.commit(Change(appends={0: recs([1])}), IOClass.UPDATE)
     s.commit(Change(appends={0: recs([2])}), IOClass.UPDATE)
