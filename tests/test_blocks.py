@@ -923,3 +923,27 @@ def test_log_parser_torn_tail_versus_damage_inside():
     assert rec.entries[1].blocks.tolist() == [1] and rec.entries[1].sums.tolist() == [7]
     with pytest.raises(FormatError, match="block count"):
         blockmap.decode_snapshot(blockmap.encode_snapshot(3, 9, 4, RS, {5: _entry([2], 200)}), RS)
+
+
+def test_appends_keep_each_posting_in_few_runs(tmp_path, engine):
+    """Postings appended to in turn would each end up in one run per append; an append that
+    would leave one in more than MAX_RUNS runs rewrites it whole, contents unchanged."""
+    s = open_store(tmp_path / "s", engine=engine)
+    load(s, {p: list(range(100 * p, 100 * p + 5)) for p in range(4)})
+    want = {p: list(range(100 * p, 100 * p + 5)) for p in range(4)}
+    folds = 0
+    for step in range(40):
+        new = {p: [10_000 + 4 * step + p] * (60 + 40 * (step % 3)) for p in range(4)}  # ~1/2 block
+        before = s.fragments(np.arange(4))
+        s.commit(Change(appends={p: recs(v) for p, v in new.items()}), IOClass.UPDATE)
+        for p, v in new.items():
+            want[p] += v
+        runs = s.fragments(np.arange(4))
+        assert runs.max() <= blocks.MAX_RUNS, runs
+        folds += int(((runs == 1) & (before > 1)).sum())
+        assert vids_of(s, list(range(4))) == [want[p] for p in range(4)]
+    assert folds > 0  # the interleaved appends did scatter them, and folding gathered them
+    s.close()
+    s = open_store(tmp_path / "s", create=False, engine=engine)
+    assert vids_of(s, list(range(4))) == [want[p] for p in range(4)]
+    s.close()

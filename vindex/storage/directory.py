@@ -16,6 +16,10 @@ class Lengths:
             grown[: self._a.shape[0]] = self._a
             self._a = grown
 
+    def get_one(self, pid: int) -> int:
+        """The value at ``pid`` (0 if never set)."""
+        return int(self._a[pid]) if pid < self._a.shape[0] else 0
+
     def get(self, pids: np.ndarray) -> np.ndarray:
         """The values at ``pids`` (0 for pids never set)."""
         pids = np.asarray(pids, dtype=np.int64)
