@@ -246,7 +246,9 @@ class HeadGraph:
         """Keep ``n_entries`` alive entry points that sample the current heads: drop dead
         ones, top up from ``fresh`` heads and then any alive ones, and let each fresh head
         replace a random entry with probability ``n_entries / n_alive`` (reservoir sampling),
-        so regions that appear later get entries too."""
+        so regions that appear later get entries too. The draw is seeded by the graph's
+        generation and size, so the same sequence of changes picks the same entries (runs with
+        rebalancing off repeat exactly)."""
         keep = self.entries[self.alive[self.entries]] if self.entries.size else self.entries
         want = min(self.n_entries, self.n_alive)
         fresh = np.asarray(fresh, np.int64)
@@ -257,7 +259,7 @@ class HeadGraph:
             pool = pool[np.sort(first)]
             keep = np.concatenate((keep, pool[: want - keep.size]))
         elif fresh.size and self.n_alive:
-            rng = np.random.default_rng()
+            rng = np.random.default_rng((self.generation, self.n))
             hit = rng.random(fresh.size) < keep.size / self.n_alive
             if hit.any():
                 keep = keep.copy()
