@@ -15,11 +15,11 @@ points at: an append rewrites the partly filled tail block into a new block foll
 blocks, a replace writes new blocks. Each append leaves the posting's full blocks where they
 were, so a posting appended to many times ends up in as many places, and a search pays one
 I/O per place: an append that would leave a posting in more than ``MAX_RUNS`` runs of
-consecutive blocks rewrites it whole into one run instead (see ``MAX_RUNS``). Data blocks are written (pwrite, O_DIRECT) before the log
-record that points at them; the log record (the map delta, the caller's log bytes, a gapless
-record number ``lsn``, how many records up to it are not known synced, and a CRC32) is a
-buffered write, so it survives a process crash once ``commit`` returns; ``sync`` fdatasyncs
-the data file and fsyncs the log for power loss. A commit syncs on its own once
+consecutive blocks rewrites it whole into one run instead. Data blocks are written (pwrite,
+O_DIRECT) before the log record that points at them; the log record (the map delta, the
+caller's log bytes, a gapless record number ``lsn``, how many records up to it are not known
+synced, and a CRC32) is a buffered write, so it survives a process crash once ``commit``
+returns; ``sync`` fdatasyncs the data file and fsyncs the log for power loss. A commit syncs on its own once
 ``SYNC_EVERY_BLOCKS`` blocks were written unsynced; ``close`` syncs and appends an empty record
 saying so.
 
