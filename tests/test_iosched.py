@@ -204,9 +204,10 @@ def test_background_pacer_yields_when_searches_miss_their_target():
     for _ in range(20):
         p.observe(0.010, 1)      # small searches at 10 ms, target 2 ms
         p.observe(5.0, 1000)     # a bulk batch is not an interactive sample
+    assert p.on_target           # no window closed yet
     now[0] = 1.0
     p.observe(0.010, 1)          # the window closes: duty cycle halves
-    assert p.duty == 0.5
+    assert p.duty == 0.5 and not p.on_target
     assert p.charge(0.5) == 0.0  # a 0.5 s step within 1 s of wall time: half, on budget
     assert p.charge(0.5) == pytest.approx(0.92)  # another at once: 0.46 s of debt at half speed
     q = BackgroundPacer("sla", 0.002, clock=lambda: now[0])
@@ -216,9 +217,10 @@ def test_background_pacer_yields_when_searches_miss_their_target():
     for w in range(2, 12):       # no searches: back to full speed step by step
         now[0] = float(w)
         p.charge(0.0)
-    assert p.duty == 1.0
+    assert p.duty == 1.0 and p.on_target
     now[0] = 20.0
     assert BackgroundPacer("fifo", 0.002).charge(10.0) == 0.0
+    assert BackgroundPacer("fifo", 0.002).on_target
 
 
 def test_a_tenant_quota_set_on_a_scheduler_counts_postings():

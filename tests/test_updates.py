@@ -340,3 +340,19 @@ def test_rewritten_postings_move_their_heads_to_their_vectors_and_replay_it(tmp_
     with vindex.Index.open(tmp_path / "r", rebalance=False) as again:
         np.testing.assert_array_equal(again._engine.state.graph.vectors[: heads.shape[0]], heads)
         check_exact(again, {i: base[i] for i in live}, ints(rng, 30))
+
+
+def test_upserts_search_replicas_on_their_own_thread_while_searches_miss_their_target(tmp_path, monkeypatch):
+    # the upsert pool's threads each hand the GIL back when their kernel ends: while small
+    # searches miss their p99 target, an upsert searches for replicas on its own thread
+    from vindex import writes
+    rng = np.random.default_rng(3)
+    pools = []
+    real = writes.plan_upsert
+    monkeypatch.setattr(writes, "plan_upsert", lambda st, e, x, cfg, pool, *a: pools.append(pool) or real(st, e, x, cfg, pool, *a))
+    with vindex.Index.build(tmp_path / "p", ints(rng, 300), rebalance=False) as index:
+        index.upsert(np.arange(300, 310), ints(rng, 10))
+        index._engine.update_pacer.bucket.rate = 0.7  # as after a window of slow searches
+        index.upsert(np.arange(310, 320), ints(rng, 10))
+        assert pools == [index._pool, None] and index._pool is not None
+        assert len(index) == 320

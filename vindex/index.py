@@ -336,7 +336,10 @@ class Index:
                     dup = np.sort(exts[live])
                     raise IdExistsError(f"ids already in the index: {preview(dup)}", dup)
             old_homes = self._homes_of(exts)
-            rec, change, undo = writes.plan_upsert(eng.state, exts, x, self.config, self._pool,
+            # the replica search runs on the upsert pool's threads, unless searches are missing
+            # their target: each thread's hand-backs of the GIL add to a search's waits
+            pool = self._pool if eng.update_pacer.on_target else None
+            rec, change, undo = writes.plan_upsert(eng.state, exts, x, self.config, pool,
                                                    self._rebalancer.limbo_pids)
             try:
                 eng.commit(change, rec, IOClass.UPDATE, graph_done=undo is not None)

@@ -459,3 +459,9 @@ class BackgroundPacer:
     @property
     def duty(self) -> float:
         return self.bucket.rate
+
+    @property
+    def on_target(self) -> bool:
+        """True unless, under ``sla``, searches missed their p99 target lately (the duty cycle
+        is still below 1: it climbs back a step per window)."""
+        return self.mode != "sla" or self.bucket.rate >= 1.0
