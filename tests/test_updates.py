@@ -349,7 +349,12 @@ def test_upserts_search_replicas_on_their_own_thread_while_searches_miss_their_t
     rng = np.random.default_rng(3)
     pools = []
     real = writes.plan_upsert
-    monkeypatch.setattr(writes, "plan_upsert", lambda st, e, x, cfg, pool, *a: pools.append(pool) or real(st, e, x, cfg, pool, *a))
+
+    def plan(state, exts, x, config, pool, *rest):
+        pools.append(pool)
+        return real(state, exts, x, config, pool, *rest)
+
+    monkeypatch.setattr(writes, "plan_upsert", plan)
     with vindex.Index.build(tmp_path / "p", ints(rng, 300), rebalance=False) as index:
         index.upsert(np.arange(300, 310), ints(rng, 10))
         index._engine.update_pacer.bucket.rate = 0.7  # as after a window of slow searches

@@ -19,9 +19,9 @@ consecutive blocks rewrites it whole into one run instead. Data blocks are writt
 O_DIRECT) before the log record that points at them; the log record (the map delta, the
 caller's log bytes, a gapless record number ``lsn``, how many records up to it are not known
 synced, and a CRC32) is a buffered write, so it survives a process crash once ``commit``
-returns; ``sync`` fdatasyncs the data file and fsyncs the log for power loss. A commit syncs on its own once
-``SYNC_EVERY_BLOCKS`` blocks were written unsynced; ``close`` syncs and appends an empty record
-saying so.
+returns; ``sync`` fdatasyncs the data file and fsyncs the log for power loss. A commit syncs
+on its own once ``SYNC_EVERY_BLOCKS`` blocks were written unsynced; ``close`` syncs and
+appends an empty record saying so.
 
 Opening loads the newest snapshot and replays the log. A damaged record at the very end of
 the log is a commit that was never acknowledged: it is cut off. A damaged record that intact
