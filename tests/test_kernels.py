@@ -389,6 +389,30 @@ def test_seeded_head_search_matches_the_shared_entry_points():
         assert recall >= 0.9, s  # measured 0.927 / 0.930 / 0.928 (none / near / mixed seeds)
 
 
+def test_seeded_replica_search_picks_what_the_entry_points_pick():
+    # the rebalancer's replica search starts at the posting a vector sits in, with a beam
+    # only as wide as the candidates it returns (16, against 32 from the entry points)
+    from types import SimpleNamespace
+
+    from vindex.config import IndexConfig
+    from vindex.heads import EXACT_MAX_HEADS, HeadGraph
+    from vindex.writes import select_replicas
+    rng = np.random.default_rng(5)
+    n, dim = EXACT_MAX_HEADS + 904, 32  # past the exact path: the graph is walked
+    centers = rng.standard_normal((64, dim)).astype(np.float32) * 2
+    heads = (centers[rng.integers(0, 64, n)] + rng.standard_normal((n, dim))).astype(np.float32)
+    g = HeadGraph.build(heads, 32, 1.2, 128, 256, seed=1)
+    x = (centers[rng.integers(0, 64, 2000)] + rng.standard_normal((2000, dim))).astype(np.float32)
+    exact = np.argsort(((x[:, None] - heads[None]) ** 2).sum(-1), axis=1)[:, :16]
+    state, cfg = SimpleNamespace(graph=g), IndexConfig()
+    seeded, counts, _ = select_replicas(state, x, cfg, seeds=exact[:, 5].astype(np.int64))
+    unseeded, _, _ = select_replicas(state, x, cfg)
+    assert (counts >= 1).all()
+    assert np.mean(seeded[:, 0] == exact[:, 0]) >= 0.99  # measured 1.0
+    same = np.mean([set(a[a >= 0]) == set(b[b >= 0]) for a, b in zip(seeded, unseeded)])
+    assert same >= 0.99  # measured 0.9995
+
+
 def test_entry_points_repeat_for_the_same_changes():
     # heads added later replace entry points at random (reservoir sampling); the draw is
     # seeded by the graph's state, so two graphs given the same changes keep the same entries
