@@ -60,9 +60,10 @@ MESSAGE_BYTES = 64 * 2**20
 AMBIGUOUS = {"DEADLINE_EXCEEDED", "UNAVAILABLE", "UNKNOWN", "INTERNAL", "CANCELLED"}
 #: Statuses the documentation allows for a fuzzed call while the server runs normally.
 DOCUMENTED = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION"}
-CONFIG_INT = ["posting_limit_bytes", "max_replicas", "replica_candidates", "insert_candidates", "reassign_neighbors",
-              "rebalance_batch", "checkpoint_every", "graph_degree", "graph_build_ef", "graph_entries", "kmeans_iters",
-              "kmeans_max_points_per_centroid", "seed", "build_threads", "max_postings", "search_ef", "cache_bytes"]
+CONFIG_INT = ["posting_limit_bytes", "max_replicas", "replica_candidates", "insert_candidates", "insert_ef",
+              "reassign_neighbors", "rebalance_batch", "checkpoint_every", "graph_degree", "graph_build_ef",
+              "graph_entries", "kmeans_iters", "kmeans_max_points_per_centroid", "seed", "build_threads",
+              "max_postings", "search_ef", "cache_bytes"]
 CONFIG_FLOAT = ["build_fill", "replica_eps", "rng_factor", "new_head_factor", "merge_fraction", "gc_fraction",
                 "scrub_ratio", "split_balance", "graph_alpha", "search_eps"]
 #: Unbounded int fields that take huge values without allocating them (others stay small).

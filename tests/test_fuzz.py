@@ -482,6 +482,7 @@ CONFIG_FIELDS = {
     "replica_eps": (st.floats(0, 1e30), st.sampled_from([-1e-9, -1.0])),
     "rng_factor": (st.floats(1e-30, 1e30), st.sampled_from([0.0, -1.0])),
     "insert_candidates": (st.integers(1, 1024), st.sampled_from([0, 1025])),
+    "insert_ef": (st.integers(1, 4096), st.sampled_from([0, 4097])),
     "new_head_factor": (st.floats(0, 1e30), st.just(-0.5)),
     "merge_fraction": (st.floats(0, 0.49), st.sampled_from([0.5, -0.1])),
     "gc_fraction": (st.floats(0.01, 1.0), st.sampled_from([0.0, 1.5])),

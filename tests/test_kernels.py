@@ -391,7 +391,7 @@ def test_seeded_head_search_matches_the_shared_entry_points():
 
 def test_seeded_replica_search_picks_what_the_entry_points_pick():
     # the rebalancer's replica search starts at the posting a vector sits in, with a beam
-    # only as wide as the candidates it returns (16, against 32 from the entry points)
+    # only as wide as the candidates it returns (16, against 24 from the entry points)
     from types import SimpleNamespace
 
     from vindex.config import IndexConfig
