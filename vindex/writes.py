@@ -23,6 +23,10 @@ from .storage import Change, records
 #: Fewest rows worth a thread of their own when replica candidates are searched in parallel
 #: (the graph kernel releases the GIL; a hand-off costs ~0.1 ms, a row ~28 us at 1M).
 PARALLEL_MIN_ROWS = 256
+#: Beam width of a seeded replica search (the rebalancer's). It starts next to its answer, so
+#: a beam as wide as the answer finds it: on 1M, 16 instead of 32 drained 500k upserts in
+#: 29.0 s instead of 33.7, with the churn benchmark's recall where it was.
+SEEDED_EF = 16
 
 
 def select_replicas(state: State, x: np.ndarray, config: IndexConfig,
@@ -33,10 +37,8 @@ def select_replicas(state: State, x: np.ndarray, config: IndexConfig,
     search from (see ``HeadGraph.search``; the rebalancer's, which alone retires heads)."""
     g = state.graph
     n_cand = min(config.insert_candidates, g.n_alive)
-    # a seeded search starts next to its answer, so a beam as wide as the answer finds it:
-    # on 1M, ef 16 instead of 32 drained 500k upserts in 29.0 s instead of 33.7 with the
-    # churn benchmark's recall where it was
-    ef = max(n_cand, 16) if seeds is not None else max(n_cand, config.insert_ef)
+    # (``HeadGraph.search`` widens a beam narrower than ``n_cand`` to it)
+    ef = SEEDED_EF if seeds is not None else config.insert_ef
 
     def one(part: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         cand, cand_d, _ = g.search(x[part], native.L2, n_cand, np.inf, ef,
