@@ -464,4 +464,4 @@ class BackgroundPacer:
     def on_target(self) -> bool:
         """True unless, under ``sla``, searches missed their p99 target lately (the duty cycle
         is still below 1: it climbs back a step per window)."""
-        return self.mode != "sla" or self.bucket.rate >= 1.0
+        return self.mode != "sla" or self.duty >= 1.0
