@@ -87,6 +87,8 @@ class Rebalancer:
         self._busy = False
         self._stop = False
         self._error: BaseException | None = None
+        self._rounds_started = 0  # numbers the rounds, so wait_idle can tell old failures from new
+        self._failed_round = -1   # number of the last round that failed
         self._seen = np.full(16, -1, dtype=np.int64)
         # (ticket boundary, postings to drop, {posting: vid*256+version copies to cut out}), run once every
         # search that started before the boundary is done
@@ -168,14 +170,16 @@ class Rebalancer:
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no work is queued or running; False on timeout. Raises the failure of a
-        background round that fails while it waits (failed work is retried: once the cause,
-        a full disk say, is gone, a later call returns True)."""
+        background round that starts after the call and fails (failed work is retried: once
+        the cause, a full disk say, is gone, the next call returns True). A round already
+        running when the call came may have met the cause before it was removed, so its
+        failure is not reported; its retry is."""
         with self._cv:
-            seen = self.counters["errors"]
+            first = self._rounds_started + 1
             idle = self._cv.wait_for(lambda: (not self._pending and not self._busy and not self._deferred
-                                              and self._scrub_credit <= 0) or self.counters["errors"] > seen,
+                                              and self._scrub_credit <= 0) or self._failed_round >= first,
                                      timeout)
-            if self.counters["errors"] > seen and self._error is not None:
+            if self._failed_round >= first and self._error is not None:
                 raise self._error
             return bool(idle)
 
@@ -204,6 +208,8 @@ class Rebalancer:
                 self._pending.difference_update(batch)
                 scrub = not batch and self._scrub_credit > 0  # only when nothing more urgent waits
                 self._busy = True
+                self._rounds_started += 1
+                this_round = self._rounds_started
             started = time.perf_counter()
             try:
                 self._run_deferred()
@@ -223,6 +229,7 @@ class Rebalancer:
                 with self._cv:
                     self.counters["errors"] += 1
                     self._error = exc
+                    self._failed_round = this_round
                     self._pending.update(batch)
                 time.sleep(RETRY_PAUSE_S)
             finally:
