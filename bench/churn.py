@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                 s = index.stats()
                 row[name + "_stats"] = {key: s[key] for key in ("heads", "posting_mean", "posting_max",
                                                                  "postings_over_limit", "splits", "merges",
-                                                                 "reassigns", "gc", "drops")}
+                                                                 "reassigns", "gc", "drops",
+                                                                 "replicas_mean")}
             rounds.append(row)
             print(f"round {r}: live {live.size}; " + "; ".join(
                 f"{name}: " + ", ".join(f"m={e['max_postings']} {e['recall']:.4f}" for e in row[name])
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                                    progress=False)
         measure.limit_threads(1)
         final = evaluate(fresh, queries, truth, settings, k)
-        fresh_stats = {key: fresh.stats()[key] for key in ("heads", "posting_mean", "posting_max")}
+        fresh_stats = {key: fresh.stats()[key] for key in ("heads", "posting_mean", "posting_max", "replicas_mean")}
         fresh.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
