@@ -445,8 +445,9 @@ class Index:
     # --- maintenance --------------------------------------------------------------------------
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until background rebalancing has nothing queued or running; False if
-        ``timeout`` seconds pass first. Raises the failure of a background round that fails
-        meanwhile (the work is retried, so a call after the cause is gone returns True)."""
+        ``timeout`` seconds pass first. Raises the failure of a background round that starts
+        after the call and fails (the work is retried, so a call after the cause is gone
+        returns True; a round already running when it came is not held against it)."""
         self._check_open()
         return self._rebalancer.wait_idle(timeout)
 
