@@ -90,14 +90,15 @@ def test_splits_keep_postings_within_limit_after_wait_idle(tmp_path):
         s = index.stats()
         assert s["posting_max"] <= s["posting_limit"] and s["postings_over_limit"] == 0
         assert s["splits"] > 0 and s["background_queue"] == 0 and s["background_errors"] == 0
-        # copies moved out of a posting are cut once they and its garbage reach gc_fraction
+        # copies moved out of a posting are cut once they and its garbage reach CUT_FRACTION
         # of it; fewer wait (and searches skip them as duplicates meanwhile)
+        from vindex.rebalance import CUT_FRACTION
         eng, rb = index._engine, index._rebalancer
         stale = {p: k.size for p, k in rb._stale.items()}
         pids = np.array(sorted(stale), dtype=np.int64)
         if pids.size:
             waiting = np.array([stale[p] for p in pids.tolist()]) + eng.state.garbage[pids]
-            assert (waiting < np.maximum(1, index.config.gc_fraction * eng.lengths(pids))).all()
+            assert (waiting < np.maximum(1, CUT_FRACTION * eng.lengths(pids))).all()
         assert s["stale_copies"] == sum(stale.values())
         check_exact(index, model, ints(rng, 30))
         vecs, found = index.get(np.arange(3000))
