@@ -167,32 +167,13 @@ def test_background_failures_surface_and_clear(index):
     np.testing.assert_array_equal(index.get(np.arange(10_000, 10_600))[0], x)
 
 
-class _HeldFailure:
-    """Store wrapper whose first background commit decides to fail, then waits for ``release``
-    before raising: a failure met before its cause was removed, reported after."""
-
-    def __init__(self, inner):
-        self._inner = inner
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def commit(self, change, io):
-        if io is IOClass.BACKGROUND and not self.entered.is_set():
-            self.entered.set()
-            self.release.wait(30)
-            raise StorageError(28, "injected fault: commit failed (ENOSPC)")
-        return self._inner.commit(change, io)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
 def test_wait_idle_ignores_a_failure_from_a_round_running_before_the_call(index):
-    eng = index._engine
-    held = _HeldFailure(eng.store)
-    eng.store = held
+    faults, hold = FaultyStore.install(index), threading.Event()
+    faults.arm(commit_after=0, classes=(IOClass.BACKGROUND,), hold=hold)
     index.upsert(np.arange(10_000, 10_600), _vectors(np.random.default_rng(5), 600, shift=2.0))
-    assert held.entered.wait(30)  # a round is inside its (doomed) commit; the cause is now gone
-    threading.Timer(0.2, held.release.set).start()  # it fails while the call below waits
+    assert faults.holding.wait(30)  # a round is inside its (doomed) commit
+    faults.clear()  # the cause is gone
+    threading.Timer(0.2, hold.set).start()  # the round fails while the call below waits
     assert index.wait_idle(120)  # its retry succeeds: that is what the caller asked about
     assert index.stats()["background_errors"] == 1
     assert index.stats()["postings_over_limit"] == 0

@@ -28,6 +28,8 @@ class FaultyStore:
         self._sync = False
         self._classes: frozenset[IOClass] = frozenset(IOClass)
         self._errno = errno_codes.ENOSPC
+        self._hold: threading.Event | None = None
+        self.holding = threading.Event()  # set once a failing commit waits for its hold
         self.failures = 0
 
     @classmethod
@@ -39,32 +41,43 @@ class FaultyStore:
         return faulty
 
     def arm(self, *, commit_after: int | None = None, sync: bool = False,
-            classes: tuple[IOClass, ...] = tuple(IOClass), err: int = errno_codes.ENOSPC) -> None:
+            classes: tuple[IOClass, ...] = tuple(IOClass), err: int = errno_codes.ENOSPC,
+            hold: threading.Event | None = None) -> None:
         """From now on, every commit of ``classes`` after the first ``commit_after`` fails
-        (None: commits succeed), and with ``sync`` every sync fails, with errno ``err``."""
+        (None: commits succeed), and with ``sync`` every sync fails, with errno ``err``. With
+        ``hold``, a failing commit sets ``holding`` and waits for ``hold`` before it raises:
+        a failure met before the cause was removed (``clear``), reported after."""
         with self._lock:
             self._commit_after, self._sync = commit_after, sync
-            self._classes, self._errno = frozenset(classes), err
+            self._classes, self._errno, self._hold = frozenset(classes), err, hold
 
     def clear(self) -> None:
         self.arm()
 
-    def _fail(self, what: str) -> None:
-        self.failures += 1
-        raise StorageError(self._errno, f"injected fault: {what} failed ({errno_codes.errorcode[self._errno]})")
+    @staticmethod
+    def _fail(what: str, err: int) -> None:
+        raise StorageError(err, f"injected fault: {what} failed ({errno_codes.errorcode[err]})")
 
     def commit(self, change: Change, io: IOClass) -> int:
         with self._lock:
-            if self._commit_after is not None and io in self._classes:
-                if self._commit_after <= 0:
-                    self._fail("commit")
+            armed = self._commit_after is not None and io in self._classes
+            fail = armed and self._commit_after <= 0
+            if armed and not fail:
                 self._commit_after -= 1
+            self.failures += int(fail)
+            hold, err = self._hold, self._errno
+        if fail:
+            if hold is not None:  # outside the lock: ``clear`` must not wait for it
+                self.holding.set()
+                hold.wait()
+            self._fail("commit", err)
         return self._inner.commit(change, io)
 
     def sync(self, io: IOClass = IOClass.UPDATE) -> None:
         with self._lock:
             if self._sync:
-                self._fail("fsync")
+                self.failures += 1
+                self._fail("fsync", self._errno)
         self._inner.sync(io)
 
     def __getattr__(self, name: str) -> Any:
