@@ -236,8 +236,8 @@ def _counting(s):
 
 
 def test_rocks_rereads_only_the_chunks_appended_since_a_posting_was_read(tmp_path):
-    """What a read found after a posting's first chunk is kept: the next read fetches the
-    first chunk and the chunks appended since, and gives the same bytes as a full read."""
+    """What a read found is kept: the next read fetches only the chunks appended since (none
+    if there are none), and gives the same bytes as a full read."""
     s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
     s.commit(Change(appends={0: recs([1]), 1: recs([10])}), IOClass.UPDATE)
     for v in (2, 3, 4):
@@ -247,7 +247,7 @@ def test_rocks_rereads_only_the_chunks_appended_since_a_posting_was_read(tmp_pat
     assert read_vids(s, [0, 1]) == [[1, 2, 3, 4], [10]]
     s.commit(Change(appends={0: recs([5]), 1: recs([11])}), IOClass.UPDATE)
     assert read_vids(s, [1, 0]) == [[10, 11], [1, 2, 3, 4, 5]]
-    assert fetched == [5, 2, 2 + 2]
+    assert fetched == [5, 1 + 1]  # the second read fetched nothing
     # a replace (or a drop) moves the posting: what was learnt of it is not used again
     s.commit(Change(replaces={0: recs([6])}), IOClass.BACKGROUND)
     s.commit(Change(appends={0: recs([7])}), IOClass.UPDATE)
@@ -259,24 +259,24 @@ def test_rocks_rereads_only_the_chunks_appended_since_a_posting_was_read(tmp_pat
     s.commit(Change(appends={1: recs([13])}), IOClass.UPDATE)
     s.commit(Change(appends={1: recs([14])}), IOClass.UPDATE)
     assert read_vids(s, [1, 0]) == [[13, 14], [8, 9, 12]]
-    assert fetched[-1] == 2 + 1
-    assert s.stats()["tail_cache_bytes"] == sum(len(t[2]) for t in s._tails.values()) > 0
+    assert fetched[-2:] == [3, 2]  # posting 0 moved, then posting 1 (posting 0 kept since)
+    assert s.stats()["kept_bytes"] == sum(len(t[2]) for t in s._kept.values()) > 0
     s.close()
 
 
-def test_rocks_tails_stay_within_their_share_of_the_cache(tmp_path):
+def test_rocks_kept_postings_stay_within_their_share_of_the_cache(tmp_path):
     s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=8 * RS, create=True)
     for v in range(6):
         s.commit(Change(appends={0: recs([v]), 1: recs([100 + v])}), IOClass.UPDATE)
         assert read_vids(s, [0, 1]) == [list(range(v + 1)), [100 + w for w in range(v + 1)]]
-        assert s._tail_bytes <= 2 * RS
-        assert s._tail_bytes == sum(len(t[2]) for t in s._tails.values())
+        assert s._kept_bytes <= 2 * RS
+        assert s._kept_bytes == sum(len(t[2]) for t in s._kept.values())
     s.close()
 
 
 @pytest.mark.parametrize("kind", ["appends", "replaces", "drops"])
 def test_rocks_read_that_races_a_commit_to_a_posting_it_knows_reads_it_right(tmp_path, kind):
-    """A read that took a posting's tail from memory while a commit changed the posting
+    """A read that took a posting's chunks from memory while a commit changed the posting
     returns the posting as it was or as the commit left it, never a mix."""
     s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
     s.commit(Change(appends={0: recs([1]), 1: recs([5])}), IOClass.UPDATE)
@@ -295,23 +295,23 @@ def test_rocks_read_that_races_a_commit_to_a_posting_it_knows_reads_it_right(tmp
 
     s._multi_get = commit_first
     got = read_vids(s, [0, 1])
-    assert fetched[0] == 3  # posting 0's first and newest chunks, posting 1's only chunk
+    assert fetched[0] == 1  # posting 0's newest chunk; the rest of it and posting 1 from memory
     assert got in {"appends": [[[1, 2, 3], [5]]], "replaces": [[[9], [5]]], "drops": [[[], [5]]]}[kind]
     s._multi_get = fetch
     assert read_vids(s, [0]) == {"appends": [[1, 2, 3, 9]], "replaces": [[9]], "drops": [[]]}[kind]
     s.close()
 
 
-def test_rocks_search_does_not_wait_for_another_read_learning_tails(tmp_path):
+def test_rocks_search_does_not_wait_for_another_read_keeping_postings(tmp_path):
     s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
     s.commit(Change(appends={0: recs([1])}), IOClass.UPDATE)
     s.commit(Change(appends={0: recs([2])}), IOClass.UPDATE)
     got = []
-    with s._tail_lock:  # another read is adding what it learnt
+    with s._kept_lock:  # another read is adding what it learnt
         t = threading.Thread(target=lambda: got.append(read_vids(s, [0])))
         t.start()
         t.join(5)
         assert not t.is_alive() and got == [[[1, 2]]]
-        assert not s._tails  # it skipped learning rather than wait
-    assert read_vids(s, [0]) == [[1, 2]] and 0 in s._tails
+        assert not s._kept  # it skipped learning rather than wait
+    assert read_vids(s, [0]) == [[1, 2]] and 0 in s._kept
     s.close()

@@ -126,9 +126,9 @@ class IndexConfig:
     """Posting store: ``rocksdb`` (embedded, the default), ``blocks`` (one file of 4 KiB
     blocks read with O_DIRECT, for NVMe) or ``memory`` (tests; not persisted)."""
     cache_bytes: int = 512 * 1024 * 1024
-    """(runtime) RocksDB block cache size. The RocksDB store also keeps what it read after
-    postings' first chunks, up to a quarter of this, so that a posting appended to since is
-    read with its first and newest chunks only."""
+    """(runtime) RocksDB block cache size. The RocksDB store also keeps the postings it read
+    in memory, up to a quarter of this more, so that a posting read again is fetched from
+    RocksDB only for the chunks appended to it since."""
     io_scheduler: str = "sla"
     """(runtime) ``sla``: storage reads queue per I/O class (searches first, earliest deadline
     first); background rebalancing and foreground writes yield to searches, their shares of

@@ -303,6 +303,12 @@ class IOScheduler:
                 f"tenant {tenant!r} is over its I/O quota of {bucket.rate:g} postings/s (burst {bucket.burst:g}): "
                 f"this read needs {cost:g}; retry in {wait * 1e3:.0f} ms")
 
+    def admit(self, tenant: str, cost: float) -> None:
+        """Charge ``tenant``'s quota for ``cost`` postings read from memory, with no request
+        to run: a quota bounds what a tenant reads, wherever it is found."""
+        with self._cv:
+            self._admit(tenant, cost, self.clock())
+
     def set_tenant_quota(self, tenant: str, rate: float | None, burst: float | None = None) -> None:
         """Give ``tenant`` its own bucket of ``rate`` postings read per second up to ``burst``
         (default: one second's worth); ``rate=None`` puts it back on the default."""

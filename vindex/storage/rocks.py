@@ -6,9 +6,8 @@ Layout, one RocksDB directory with column families:
   (rocksdict has no merge operator, and rewriting a whole posting per insert would multiply
   write traffic); a replace folds a posting into one chunk, at a key outside the posting's
   current chunks. Readers fetch every chunk of every wanted posting with one multi-get,
-  which releases the GIL; what they read after a posting's first chunk they also keep in
-  memory (within ``TAIL_SHARE`` of the cache), so that the next read of the posting fetches
-  its first chunk and only the chunks appended since.
+  which releases the GIL; what they read they also keep in memory (within ``KEPT_SHARE`` of
+  the cache), so that the next read of the posting fetches only the chunks appended since.
 * ``pdir``: key pid -> ``(chunks u32, records u32, first chunk u32)``, the posting directory
   (the posting is chunks ``first .. first + chunks - 1``; values of stores written before
   ``first`` existed are 8 bytes, and mean ``first = 0``), updated in the same WriteBatch as
@@ -61,10 +60,10 @@ EARLY_WRITE_BYTES = 64 * 1024
 #: Reads of a posting set that a concurrent commit moved (see ``RocksStore.read``) before
 #: giving up on finding the missing chunks.
 READ_ATTEMPTS = 1000
-#: Share of ``cache_bytes`` that the chunks read after postings' first chunks may take in
-#: memory (see ``RocksStore._tails``).
-TAIL_SHARE = 0.25
-#: Postings a read adds to the tails it keeps per hold of their lock.
+#: Share of ``cache_bytes`` (on top of the block cache) that postings read may take in
+#: memory (see ``RocksStore._kept``).
+KEPT_SHARE = 0.25
+#: Postings a read adds to those kept in memory per hold of their lock.
 LEARN_SLICE = 64
 _CHUNKS_MASK = (1 << 32) - 1
 
@@ -130,14 +129,14 @@ def _options(cache: Cache, create: bool, io_scheduler: str) -> tuple[Options, di
 class _ReadPlan:
     """One read's keys and how its chunks make up its postings (see ``RocksStore.read``)."""
 
-    __slots__ = ("keys", "counts", "held", "learn", "firsts")
+    __slots__ = ("keys", "counts", "held", "from_memory", "learn")
 
     def __init__(self) -> None:
         self.keys: list[bytes] = []
         self.counts: list[int] = []  # keys fetched per posting
-        self.held: dict[int, bytes] = {}  # posting index -> tail from memory, after its first chunk
-        self.learn: list[tuple[int, int]] = []  # (posting index, span word) whose tail to keep
-        self.firsts: dict[int, int] = {}  # posting index -> bytes of its first chunk
+        self.held: list[bytes | None] = []  # per posting: its first chunks, from memory
+        self.from_memory = False  # any posting's chunks came from memory
+        self.learn: list[tuple[int, int]] = []  # (posting index, span word) to keep in memory
 
 
 class RocksStore:
@@ -167,15 +166,18 @@ class RocksStore:
         self._spans = Lengths()
         self._lengths = Lengths()
         self._dir_version = 0
-        # What readers found after a posting's first chunk: pid -> (generation, span word,
-        # bytes). A flat-out ingest appends a chunk to most postings per batch, faster than
-        # the background folds them, and a multi-get's cost grows with its keys (~400 for 32
-        # postings instead of 32 took 0.6-0.9 ms instead of 0.1). Chunks never change while
-        # a posting keeps its first chunk; a replace or drop moves it and bumps ``_gens``.
-        self._tails: OrderedDict[int, tuple[int, int, bytes]] = OrderedDict()  # oldest learnt first
-        self._tail_bytes = 0
-        self._tail_cap = int(cache_bytes * TAIL_SHARE)
-        self._tail_lock = threading.Lock()
+        # What readers found of postings: pid -> (generation, span word of the chunks read,
+        # their bytes). A read then fetches only the chunks appended since: a flat-out ingest
+        # appends a chunk to most postings per batch, faster than the background folds them,
+        # and a multi-get's cost grows with its keys (~400 for 32 postings instead of 32 took
+        # 0.6-0.9 ms instead of 0.1); and a posting read again costs no multi-get and no
+        # per-chunk copy (10k vectors, 100 queries at max_postings 16: 19.0 to 13.5 us a
+        # query). Chunks never change while a posting keeps its first chunk; a replace or drop
+        # moves it and bumps ``_gens``.
+        self._kept: OrderedDict[int, tuple[int, int, bytes]] = OrderedDict()  # oldest learnt first
+        self._kept_bytes = 0
+        self._kept_cap = int(cache_bytes * KEPT_SHARE)
+        self._kept_lock = threading.Lock()
         self._gens = Lengths()
         self._load_directory()
         self._seq = self._last_seq()
@@ -209,28 +211,32 @@ class RocksStore:
         for attempt in range(READ_ATTEMPTS):
             version = self._dir_version
             gens = self._gens.get(pids)
-            plan = self._chunk_keys(pids, gens, self._tails if attempt == 0 else {})
+            plan = self._chunk_keys(pids, gens, self._kept if attempt == 0 else {})
             keys = plan.keys
-            values = (self._io.run(io, lambda: self._multi_get(keys), tenant=tenant, deadline=deadline,
-                                   cost=len(pids)) if keys else [])
+            if keys:
+                values = self._io.run(io, lambda: self._multi_get(keys), tenant=tenant, deadline=deadline,
+                                      cost=len(pids))
+            else:
+                values = []
+                self._io.admit(tenant, len(pids))
             # a replace moves a posting to new keys and deletes the old ones in one batch: a
             # read that resolved the keys before it and fetched after finds them gone; a read
-            # that took a tail from memory also checks that its posting was not moved meanwhile
+            # that took chunks from memory also checks that their posting was not moved meanwhile
             still = version % 2 == 0 and version == self._dir_version
-            if (still or not plan.held or self._unmoved(pids, gens)) and (still or None not in values):
+            if (still or not plan.from_memory or self._unmoved(pids, gens)) and (still or None not in values):
                 whole = True
                 break
             time.sleep(0)  # let the commit update the directory
         data, offsets = self._gather(values, plan)
-        if whole and plan.learn and self._tail_cap:
-            self._learn_tails(pids, gens, plan, data, offsets, wait=io is not IOClass.INTERACTIVE)
+        if whole and plan.learn and self._kept_cap:
+            self._keep(pids, gens, plan, data, offsets, wait=io is not IOClass.INTERACTIVE)
         self.reads += len(pids)
         self.read_bytes += data.shape[0]
         return PostingBatch(data, offsets)
 
-    def _chunk_keys(self, pids: np.ndarray, gens: np.ndarray, tails: dict) -> "_ReadPlan":
+    def _chunk_keys(self, pids: np.ndarray, gens: np.ndarray, kept: dict) -> "_ReadPlan":
         """The keys to fetch, from the directory as it is now: every chunk of each posting,
-        or its first chunk and those appended since ``tails`` learnt the rest."""
+        or only those appended since ``kept`` learnt the rest."""
         spans_arr = self._spans.array()
         if pids.size and int(pids.max()) >= spans_arr.shape[0]:  # heads never written to
             spans = self._spans.get(pids)
@@ -242,23 +248,28 @@ class RocksStore:
         plan = _ReadPlan()
         keys, counts, held, learn = plan.keys, plan.counts, plan.held, plan.learn
         for i, (pid, span, gen) in enumerate(zip(pids.tolist(), spans.tolist(), gens.tolist())):
-            c, f = span & _CHUNKS_MASK, span >> 32
-            if c <= 1:
-                if c:
-                    keys.append(pack(pid, f))
-                counts.append(c)
+            c = span & _CHUNKS_MASK
+            if not c:
+                counts.append(0)
+                held.append(None)
                 continue
-            t = tails.get(pid)
+            f = span >> 32
+            t = kept.get(pid)
             if t is not None and t[0] == gen and t[1] >> 32 == f and t[1] & _CHUNKS_MASK <= c:
                 known = t[1] & _CHUNKS_MASK
-                keys.append(pack(pid, f))
-                keys.extend(pack(pid, j) for j in range(f + known, f + c))
-                counts.append(1 + c - known)
-                held[i] = t[2]
+                held.append(t[2])
+                plan.from_memory = True
                 if known == c:
+                    counts.append(0)
                     continue
+                keys.extend(pack(pid, j) for j in range(f + known, f + c))
+                counts.append(c - known)
             else:
-                keys.extend(pack(pid, j) for j in range(f, f + c))
+                held.append(None)
+                if c == 1:
+                    keys.append(pack(pid, f))
+                else:
+                    keys.extend(pack(pid, j) for j in range(f, f + c))
                 counts.append(c)
             learn.append((i, span))
         return plan
@@ -272,28 +283,28 @@ class RocksStore:
             time.sleep(0)
         return False
 
-    def _learn_tails(self, pids: np.ndarray, gens: np.ndarray, plan: "_ReadPlan", data: np.ndarray,
-                     offsets: np.ndarray, *, wait: bool) -> None:
-        """Keep what this read found after the first chunk of postings in several chunks.
+    def _keep(self, pids: np.ndarray, gens: np.ndarray, plan: "_ReadPlan", data: np.ndarray,
+              offsets: np.ndarray, *, wait: bool) -> None:
+        """Keep in memory the postings this read fetched chunks of.
         A search (``wait`` False) skips this when another read holds the lock; others take
         it for ``LEARN_SLICE`` postings at a time, so a search never waits long for it."""
         rs = self.record_size
         learnt = [(int(pids[i]), (int(gens[i]), span,
-                                  data[offsets[i] * rs + plan.firsts[i]:offsets[i + 1] * rs].tobytes()))
+                                  data[offsets[i] * rs:offsets[i + 1] * rs].tobytes()))
                   for i, span in plan.learn]
-        tails = self._tails
+        kept = self._kept
         for lo in range(0, len(learnt), LEARN_SLICE):
-            if not self._tail_lock.acquire(blocking=wait):
+            if not self._kept_lock.acquire(blocking=wait):
                 return
             try:
                 for pid, entry in learnt[lo:lo + LEARN_SLICE]:
-                    old = tails.pop(pid, None)
-                    self._tail_bytes += len(entry[2]) - (len(old[2]) if old is not None else 0)
-                    tails[pid] = entry
-                while self._tail_bytes > self._tail_cap:
-                    self._tail_bytes -= len(tails.popitem(last=False)[1][2])
+                    old = kept.pop(pid, None)
+                    self._kept_bytes += len(entry[2]) - (len(old[2]) if old is not None else 0)
+                    kept[pid] = entry
+                while self._kept_bytes > self._kept_cap:
+                    self._kept_bytes -= len(kept.popitem(last=False)[1][2])
             finally:
-                self._tail_lock.release()
+                self._kept_lock.release()
 
     @property
     def scheduler(self) -> IOScheduler:
@@ -304,40 +315,37 @@ class RocksStore:
             return self._cf["postings"].get(keys)
 
     def _gather(self, values: list, plan: "_ReadPlan") -> tuple[np.ndarray, np.ndarray]:
-        """Concatenate each posting's chunks: its first fetched chunk, then the tail held in
-        memory, then its other fetched chunks; returns the bytes and per-posting record
-        offsets (and notes the size of each first chunk in ``plan.firsts``).
+        """Concatenate each posting's bytes: what memory holds of it, then its fetched
+        chunks; returns the bytes and per-posting record offsets.
 
         The bytes land in a per-thread buffer reused across reads: a fresh multi-megabyte
         allocation per batch costs more in page faults than the copy itself.
         """
         rs = self.record_size
-        counts, held = plan.counts, plan.held
-        sizes = [0 if v is None else len(v) for v in values]
-        buf = self._buffers.get(sum(sizes) + sum(len(t) for t in held.values()))
+        odd = [len(v) for v in values if v is not None and len(v) % rs]
+        if odd:
+            raise CorruptionError(f"posting chunk of {odd[0]} bytes is not a whole number of {rs}-byte records")
+        pieces, ends = [], [0]
+        total = k = 0
+        for kept, c in zip(plan.held, plan.counts):
+            if kept is not None:
+                pieces.append(kept)
+                total += len(kept)
+            if c:
+                for v in values[k:k + c]:
+                    if v is not None:
+                        pieces.append(v)
+                        total += len(v)
+                k += c
+            ends.append(total)
+        buf = self._buffers.get(total)
         view = memoryview(buf)
-        offsets = [0] * (len(counts) + 1)
-        firsts = plan.firsts
-        pos = k = 0
-        for i, c in enumerate(counts):
-            start = pos
-            for j in range(c):
-                n = sizes[k]
-                if n:
-                    if n % rs:
-                        raise CorruptionError(
-                            f"posting chunk of {n} bytes is not a whole number of {rs}-byte records")
-                    view[pos:pos + n] = values[k]
-                    pos += n
-                k += 1
-                if j == 0:
-                    firsts[i] = pos - start
-                    tail = held.get(i)
-                    if tail:
-                        view[pos:pos + len(tail)] = tail
-                        pos += len(tail)
-            offsets[i + 1] = pos // rs
-        return buf[:pos], np.array(offsets, dtype=np.int64)
+        pos = 0
+        for piece in pieces:
+            n = len(piece)
+            view[pos:pos + n] = piece
+            pos += n
+        return buf[:pos], np.array(ends, dtype=np.int64) // rs
 
     # --- writes -------------------------------------------------------------------------------
     def commit(self, change: Change, io: IOClass) -> int:
@@ -402,7 +410,7 @@ class RocksStore:
                     self._spans.put(pids, after[:, 0] << 32 | after[:, 1])
                     self._lengths.put(pids, after[:, 2])
                     moved = np.array([*change.drops, *change.replaces], dtype=np.int64)
-                    if moved.size:  # tails learnt before no longer belong to these postings
+                    if moved.size:  # what reads kept no longer belongs to these postings
                         self._gens.put(moved, self._gens.get(moved) + 1)
             finally:
                 self._dir_version += 1
@@ -490,7 +498,7 @@ class RocksStore:
             "reads": self.reads,
             "read_bytes": self.read_bytes,
             "block_cache_usage": self._cache.get_usage(),
-            "tail_cache_bytes": self._tail_bytes,
+            "kept_bytes": self._kept_bytes,
             "sst_bytes": int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0),
             "io": self._io.stats(),
         }
