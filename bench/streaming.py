@@ -5,10 +5,10 @@
 
 Each search step's ground truth is an exact search over the points live at that step. For
 every method and every search-parameter setting it reports recall@10 per step and on
-average, search QPS (one thread), and insert and delete throughput. Methods: vindex,
-vindex with rebalancing off, faiss IVFFlat (centroids trained on the first batch), hnswlib
-(mark_deleted / replace_deleted), and vindex rebuilt from scratch before every search step
-(the ceiling). Runbooks with "clustered" in their key are played over the data set's rows
+average, search QPS (one thread; the median of `--search-repeats` passes), and insert and
+delete throughput. Methods: vindex, vindex with rebalancing off, faiss IVFFlat (centroids
+trained on the first batch), hnswlib (mark_deleted / replace_deleted), and vindex rebuilt
+from scratch before every search step (the ceiling). Runbooks with "clustered" in their key are played over the data set's rows
 grouped by k-means cluster (as the runbooks' own data sets are ordered). Writes
 ``<out>/streaming-<dataset>-<runbook>.json`` and ``.png``.
 """
@@ -39,7 +39,11 @@ def ground_truths(steps, base, queries, metric, k) -> list[np.ndarray]:
     return out
 
 
-def play(method, steps, base, queries, truths, metric, k) -> dict:
+def play(method, steps, base, queries, truths, metric, k, repeats: int = 3) -> dict:
+    """Run ``steps`` on ``method``; at every search step, each setting's recall comes from
+    its first pass over the queries and its QPS from the median time of ``repeats`` passes
+    (one pass takes 1-2 ms on bigann-10k's 100 queries, and a single timing on this shared
+    machine varied up to 10x from one step to the next)."""
     live = runbook.LiveSet()
     method.setup(base.shape[1], metric, int(max(runbook.max_row_steps(steps), 1)))
     times = {"insert": 0.0, "delete": 0.0, "replace": 0.0}
@@ -53,12 +57,16 @@ def play(method, steps, base, queries, truths, metric, k) -> dict:
             s_i += 1
             row = {"step": s_i, "live": int(ids.size), "settings": []}
             for params in method.sweep():
-                t0 = time.perf_counter()
-                found = method.search(queries, k, params)
-                dt = time.perf_counter() - t0
+                dts = []
+                for r in range(repeats):
+                    t0 = time.perf_counter()
+                    got = method.search(queries, k, params)
+                    dts.append(time.perf_counter() - t0)
+                    if r == 0:
+                        found, distances = got, getattr(method, "last_distances", None)
                 row["settings"].append({"params": params, "recall": datasets.recall_at_k(found, truth, min(k, truth.shape[1])),
-                                        "qps": queries.shape[0] / dt,
-                                        "distances": getattr(method, "last_distances", None)})
+                                        "qps": queries.shape[0] / float(np.median(dts)),
+                                        "distances": distances})
             per_step.append(row)
             continue
         t0 = time.perf_counter()
@@ -87,9 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--key", default=None, help="runbook entry (default: the first)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--search-repeats", type=int, default=3,
+                    help="passes per search setting and step; QPS is from their median time")
     ap.add_argument("--cluster-order", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
+    if args.search_repeats < 1:
+        ap.error("--search-repeats must be at least 1")
     measure.limit_threads(1)
 
     ds = datasets.load(args.dataset)
@@ -113,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name in args.methods.split(","):
         t0 = time.perf_counter()
-        results[name] = play(make(name), steps, base, queries, truths, ds.metric, args.k)
+        results[name] = play(make(name), steps, base, queries, truths, ds.metric, args.k, args.search_repeats)
         print(f"[{name}] {time.perf_counter() - t0:.1f} s; " + ", ".join(
             f"{s['params']}: recall {s['recall']:.4f} qps {s['qps']:.0f}" for s in results[name]["summary"]),
             file=sys.stderr, flush=True)
@@ -137,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     out = os.path.join(args.out, name)
     meta = {"dataset": args.dataset, "runbook": args.runbook, "key": key, "factor": factor,
             "cluster_order": clustered, "queries": int(queries.shape[0]), "k": args.k,
+            "search_repeats": args.search_repeats,
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     report.write_json(out + ".json", {"meta": meta, "results": results, "comparison": comparison["data"]})
     plot_steps(out + ".png", results, f"{args.dataset}: {os.path.basename(args.runbook)} ({key})")
