@@ -274,14 +274,36 @@ def test_rocks_kept_postings_stay_within_their_share_of_the_cache(tmp_path):
     s.close()
 
 
+def test_rocks_keeps_whole_postings_while_there_is_room_then_only_tails(tmp_path):
+    """Whole postings fill the share but never push older ones out; once it is full, a
+    posting in several chunks keeps what follows its first chunk and pushes the oldest out
+    (those chunks are the keys a read saves); one in one chunk is not kept."""
+    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=8 * RS, create=True)  # share: 2 records
+    s.commit(Change(appends={p: recs([p]) for p in range(3)}), IOClass.UPDATE)
+    assert read_vids(s, [0, 1, 2]) == [[0], [1], [2]]
+    assert list(s._kept) == [0, 1] and s._kept_bytes == 2 * RS  # no room for posting 2
+    s.commit(Change(appends={2: recs([3])}), IOClass.UPDATE)
+    assert read_vids(s, [2]) == [[2, 3]]
+    assert list(s._kept) == [1, 2] and s._kept_bytes == 2 * RS and not s._kept[2][3]  # 2's tail pushed 0 out
+    assert not s._keep_whole  # and no whole posting is kept from now on
+    fetched = _counting(s)
+    assert read_vids(s, [2, 1, 0]) == [[2, 3], [1], [0]]
+    assert fetched == [2]  # posting 2's first chunk and posting 0; posting 1 whole from memory
+    s.close()
+
+
 @pytest.mark.parametrize("kind", ["appends", "replaces", "drops"])
-def test_rocks_read_that_races_a_commit_to_a_posting_it_knows_reads_it_right(tmp_path, kind):
-    """A read that took a posting's chunks from memory while a commit changed the posting
-    returns the posting as it was or as the commit left it, never a mix."""
-    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
+@pytest.mark.parametrize("held", ["whole", "tail"])
+def test_rocks_read_that_races_a_commit_to_a_posting_it_knows_reads_it_right(tmp_path, kind, held):
+    """A read that took a posting's chunks from memory (the whole posting, or what follows
+    its first chunk when the share is full) while a commit changed the posting returns the
+    posting as it was or as the commit left it, never a mix."""
+    share = {"whole": 1 << 22, "tail": 4 * RS}[held]  # a quarter: room for the whole posting, or not
+    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=share, create=True)
     s.commit(Change(appends={0: recs([1]), 1: recs([5])}), IOClass.UPDATE)
     s.commit(Change(appends={0: recs([2])}), IOClass.UPDATE)
-    assert read_vids(s, [0, 1]) == [[1, 2], [5]]
+    assert read_vids(s, [0]) == [[1, 2]]
+    assert s._kept[0][3] == (held == "whole")
     s.commit(Change(appends={0: recs([3])}), IOClass.UPDATE)
     change = {"appends": Change(appends={0: recs([9])}), "replaces": Change(replaces={0: recs([9])}),
               "drops": Change(drops=[0])}[kind]
@@ -295,7 +317,8 @@ def test_rocks_read_that_races_a_commit_to_a_posting_it_knows_reads_it_right(tmp
 
     s._multi_get = commit_first
     got = read_vids(s, [0, 1])
-    assert fetched[0] == 1  # posting 0's newest chunk; the rest of it and posting 1 from memory
+    # posting 0's newest chunk (and its first, if only its tail is held), posting 1's chunk
+    assert fetched[0] == {"whole": 2, "tail": 3}[held]
     assert got in {"appends": [[[1, 2, 3], [5]]], "replaces": [[[9], [5]]], "drops": [[[], [5]]]}[kind]
     s._multi_get = fetch
     assert read_vids(s, [0]) == {"appends": [[1, 2, 3, 9]], "replaces": [[9]], "drops": [[]]}[kind]

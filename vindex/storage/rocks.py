@@ -7,7 +7,9 @@ Layout, one RocksDB directory with column families:
   write traffic); a replace folds a posting into one chunk, at a key outside the posting's
   current chunks. Readers fetch every chunk of every wanted posting with one multi-get,
   which releases the GIL; what they read they also keep in memory (within ``KEPT_SHARE`` of
-  the cache), so that the next read of the posting fetches only the chunks appended since.
+  the cache): whole postings while there is room, else what follows a posting's first
+  chunk, so that the next read of the posting fetches only its first chunk, if that, and
+  the chunks appended since.
 * ``pdir``: key pid -> ``(chunks u32, records u32, first chunk u32)``, the posting directory
   (the posting is chunks ``first .. first + chunks - 1``; values of stores written before
   ``first`` existed are 8 bytes, and mean ``first = 0``), updated in the same WriteBatch as
@@ -129,14 +131,15 @@ def _options(cache: Cache, create: bool, io_scheduler: str) -> tuple[Options, di
 class _ReadPlan:
     """One read's keys and how its chunks make up its postings (see ``RocksStore.read``)."""
 
-    __slots__ = ("keys", "counts", "held", "from_memory", "learn")
+    __slots__ = ("keys", "counts", "held", "leads", "from_memory", "learn")
 
     def __init__(self) -> None:
         self.keys: list[bytes] = []
         self.counts: list[int] = []  # keys fetched per posting
-        self.held: list[bytes | None] = []  # per posting: its first chunks, from memory
+        self.held: list[bytes | None] = []  # per posting: chunks of it from memory
+        self.leads: list[bool] = []  # per posting: they include its first chunk
         self.from_memory = False  # any posting's chunks came from memory
-        self.learn: list[tuple[int, int]] = []  # (posting index, span word) to keep in memory
+        self.learn: list[tuple[int, int, int]] = []  # (posting index, span word, its first key's index)
 
 
 class RocksStore:
@@ -167,17 +170,19 @@ class RocksStore:
         self._lengths = Lengths()
         self._dir_version = 0
         # What readers found of postings: pid -> (generation, span word of the chunks read,
-        # their bytes). A read then fetches only the chunks appended since: a flat-out ingest
-        # appends a chunk to most postings per batch, faster than the background folds them,
-        # and a multi-get's cost grows with its keys (~400 for 32 postings instead of 32 took
-        # 0.6-0.9 ms instead of 0.1); and a posting read again costs no multi-get and no
-        # per-chunk copy (10k vectors, 100 queries at max_postings 16: 19.0 to 13.5 us a
-        # query). Chunks never change while a posting keeps its first chunk; a replace or drop
-        # moves it and bumps ``_gens``.
-        self._kept: OrderedDict[int, tuple[int, int, bytes]] = OrderedDict()  # oldest learnt first
+        # their bytes, whether those include the first chunk). A read then fetches only the
+        # chunks appended since (and the first, if not held): a flat-out ingest appends a
+        # chunk to most postings per batch, faster than the background folds them, and a
+        # multi-get's cost grows with its keys (~400 for 32 postings instead of 32 took
+        # 0.6-0.9 ms instead of 0.1); a whole posting held costs no multi-get at all (10k
+        # vectors, 100 queries at max_postings 16: 19.0 to 11.9 us a query). Chunks never
+        # change while a posting keeps its first chunk; a replace or drop moves it and bumps
+        # ``_gens``. See ``_keep`` for what is kept.
+        self._kept: OrderedDict[int, tuple[int, int, bytes, bool]] = OrderedDict()  # oldest learnt first
         self._kept_bytes = 0
         self._kept_cap = int(cache_bytes * KEPT_SHARE)
         self._kept_lock = threading.Lock()
+        self._keep_whole = True  # until the share first overflows
         self._gens = Lengths()
         self._load_directory()
         self._seq = self._last_seq()
@@ -229,7 +234,7 @@ class RocksStore:
             time.sleep(0)  # let the commit update the directory
         data, offsets = self._gather(values, plan)
         if whole and plan.learn and self._kept_cap:
-            self._keep(pids, gens, plan, data, offsets, wait=io is not IOClass.INTERACTIVE)
+            self._keep(pids, gens, plan, values, data, offsets, wait=io is not IOClass.INTERACTIVE)
         self.reads += len(pids)
         self.read_bytes += data.shape[0]
         return PostingBatch(data, offsets)
@@ -246,32 +251,35 @@ class RocksStore:
         # cost more than the loop; for a large batch the loop stays far below the read itself.
         pack = _KEY.pack
         plan = _ReadPlan()
-        keys, counts, held, learn = plan.keys, plan.counts, plan.held, plan.learn
+        keys, counts, held, leads, learn = plan.keys, plan.counts, plan.held, plan.leads, plan.learn
         for i, (pid, span, gen) in enumerate(zip(pids.tolist(), spans.tolist(), gens.tolist())):
             c = span & _CHUNKS_MASK
-            if not c:
-                counts.append(0)
-                held.append(None)
-                continue
-            f = span >> 32
-            t = kept.get(pid)
-            if t is not None and t[0] == gen and t[1] >> 32 == f and t[1] & _CHUNKS_MASK <= c:
-                known = t[1] & _CHUNKS_MASK
+            t = kept.get(pid) if c else None
+            if t is not None and t[0] == gen and t[1] >> 32 == span >> 32 and t[1] & _CHUNKS_MASK <= c:
+                known, f = t[1] & _CHUNKS_MASK, span >> 32
                 held.append(t[2])
+                leads.append(t[3])
                 plan.from_memory = True
-                if known == c:
+                if t[3] and known == c:
                     counts.append(0)
                     continue
+                k0 = len(keys)
+                if not t[3]:  # what is held follows the first chunk
+                    keys.append(pack(pid, f))
                 keys.extend(pack(pid, j) for j in range(f + known, f + c))
-                counts.append(c - known)
+                counts.append(len(keys) - k0)
             else:
                 held.append(None)
-                if c == 1:
-                    keys.append(pack(pid, f))
-                else:
-                    keys.extend(pack(pid, j) for j in range(f, f + c))
+                leads.append(False)
                 counts.append(c)
-            learn.append((i, span))
+                if not c:
+                    continue
+                k0 = len(keys)
+                if c == 1:
+                    keys.append(pack(pid, span >> 32))
+                else:
+                    keys.extend(pack(pid, j) for j in range(span >> 32, (span >> 32) + c))
+            learn.append((i, span, k0))
         return plan
 
     def _unmoved(self, pids: np.ndarray, gens: np.ndarray) -> bool:
@@ -283,15 +291,41 @@ class RocksStore:
             time.sleep(0)
         return False
 
-    def _keep(self, pids: np.ndarray, gens: np.ndarray, plan: "_ReadPlan", data: np.ndarray,
+    def _keep(self, pids: np.ndarray, gens: np.ndarray, plan: "_ReadPlan", values: list, data: np.ndarray,
               offsets: np.ndarray, *, wait: bool) -> None:
-        """Keep in memory the postings this read fetched chunks of.
+        """Keep in memory what this read fetched of postings.
+
+        A whole posting is kept while there is room (a posting in one chunk as the value
+        fetched, no copy); a read of it then needs no multi-get. Once the postings read
+        outgrow the share, a posting in several chunks keeps only what follows its first
+        chunk, pushing the oldest kept out, since each of those chunks is another key for the
+        multi-get; and from the first time that happens no whole posting is kept again.
+        Turning whole postings over costs every read and finds few again (200k vectors, a
+        16 MiB share, batch-1 searches of 32 postings: p50 0.36-0.39 ms against 0.30-0.32 ms
+        keeping none; after 200k more were upserted, 0.81-0.82 ms keeping whole postings in
+        the room the tails' turnover leaves, 0.70-0.71 ms not, 0.71-0.75 ms keeping only
+        tails as before).
+
         A search (``wait`` False) skips this when another read holds the lock; others take
         it for ``LEARN_SLICE`` postings at a time, so a search never waits long for it."""
         rs = self.record_size
-        learnt = [(int(pids[i]), (int(gens[i]), span,
-                                  data[offsets[i] * rs:offsets[i + 1] * rs].tobytes()))
-                  for i, span in plan.learn]
+        room = self._kept_cap - self._kept_bytes if self._keep_whole else 0  # a hint: no lock held
+        offs, pid_list, gen_list = offsets.tolist(), pids.tolist(), gens.tolist()
+        learn, learnt = plan.learn, []
+        if room > 0:
+            rest = []
+            for i, span, k0 in learn:
+                start, end = offs[i] * rs, offs[i + 1] * rs
+                if end - start > room:
+                    rest.append((i, span, k0))
+                    continue
+                room -= end - start
+                one = span & _CHUNKS_MASK == 1 and plan.held[i] is None  # keep the value fetched
+                learnt.append((pid_list[i], (gen_list[i], span, values[k0] if one else data[start:end].tobytes(), True)))
+            learn = rest
+        leads = plan.leads
+        learnt += [(pid_list[i], (gen_list[i], span, data[offs[i] * rs + len(values[k0]):offs[i + 1] * rs].tobytes(), False))
+                   for i, span, k0 in learn if span & _CHUNKS_MASK > 1 and not leads[i] and values[k0] is not None]
         kept = self._kept
         for lo in range(0, len(learnt), LEARN_SLICE):
             if not self._kept_lock.acquire(blocking=wait):
@@ -303,6 +337,7 @@ class RocksStore:
                     kept[pid] = entry
                 while self._kept_bytes > self._kept_cap:
                     self._kept_bytes -= len(kept.popitem(last=False)[1][2])
+                    self._keep_whole = False
             finally:
                 self._kept_lock.release()
 
@@ -327,15 +362,18 @@ class RocksStore:
             raise CorruptionError(f"posting chunk of {odd[0]} bytes is not a whole number of {rs}-byte records")
         pieces, ends = [], [0]
         total = k = 0
-        for kept, c in zip(plan.held, plan.counts):
-            if kept is not None:
+        for kept, lead, c in zip(plan.held, plan.leads, plan.counts):
+            if kept is not None and lead:
                 pieces.append(kept)
                 total += len(kept)
             if c:
-                for v in values[k:k + c]:
+                for j, v in enumerate(values[k:k + c]):
                     if v is not None:
                         pieces.append(v)
                         total += len(v)
+                    if j == 0 and kept is not None and not lead:
+                        pieces.append(kept)
+                        total += len(kept)
                 k += c
             ends.append(total)
         buf = self._buffers.get(total)
