@@ -275,11 +275,13 @@ def test_rocks_kept_postings_stay_within_their_share_of_the_cache(tmp_path):
 
 
 def test_rocks_keeps_whole_postings_while_there_is_room_then_only_tails(tmp_path):
-    """Whole postings fill the share but never push older ones out; once it is full, a
-    posting in several chunks keeps what follows its first chunk and pushes the oldest out
-    (those chunks are the keys a read saves); one in one chunk is not kept."""
+    """Whole postings that searches read fill the share but never push older ones out; once
+    it is full, a posting in several chunks keeps what follows its first chunk and pushes the
+    oldest out (those chunks are the keys a read saves); one in one chunk is not kept."""
     s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=8 * RS, create=True)  # share: 2 records
     s.commit(Change(appends={p: recs([p]) for p in range(3)}), IOClass.UPDATE)
+    s.read(np.arange(3), IOClass.BACKGROUND)
+    assert not s._kept  # whole postings are kept from searches only
     assert read_vids(s, [0, 1, 2]) == [[0], [1], [2]]
     assert list(s._kept) == [0, 1] and s._kept_bytes == 2 * RS  # no room for posting 2
     s.commit(Change(appends={2: recs([3])}), IOClass.UPDATE)

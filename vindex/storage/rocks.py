@@ -234,7 +234,7 @@ class RocksStore:
             time.sleep(0)  # let the commit update the directory
         data, offsets = self._gather(values, plan)
         if whole and plan.learn and self._kept_cap:
-            self._keep(pids, gens, plan, values, data, offsets, wait=io is not IOClass.INTERACTIVE)
+            self._keep(pids, gens, plan, values, data, offsets, search=io is IOClass.INTERACTIVE)
         self.reads += len(pids)
         self.read_bytes += data.shape[0]
         return PostingBatch(data, offsets)
@@ -292,24 +292,24 @@ class RocksStore:
         return False
 
     def _keep(self, pids: np.ndarray, gens: np.ndarray, plan: "_ReadPlan", values: list, data: np.ndarray,
-              offsets: np.ndarray, *, wait: bool) -> None:
+              offsets: np.ndarray, *, search: bool) -> None:
         """Keep in memory what this read fetched of postings.
 
-        A whole posting is kept while there is room (a posting in one chunk as the value
-        fetched, no copy); a read of it then needs no multi-get. Once the postings read
-        outgrow the share, a posting in several chunks keeps only what follows its first
-        chunk, pushing the oldest kept out, since each of those chunks is another key for the
-        multi-get; and from the first time that happens no whole posting is kept again.
-        Turning whole postings over costs every read and finds few again (200k vectors, a
-        16 MiB share, batch-1 searches of 32 postings: p50 0.36-0.39 ms against 0.30-0.32 ms
-        keeping none; after 200k more were upserted, 0.81-0.82 ms keeping whole postings in
-        the room the tails' turnover leaves, 0.70-0.71 ms not, 0.71-0.75 ms keeping only
-        tails as before).
+        A whole posting a search read is kept while there is room (a posting in one chunk as
+        the value fetched, no copy); a read of it then needs no multi-get. (Other reads are
+        mostly of postings about to be rewritten.) Once the postings read outgrow the share,
+        a posting in several chunks keeps only what follows its first chunk, pushing the
+        oldest kept out, since each of those chunks is another key for the multi-get; and
+        from the first time that happens no whole posting is kept again. Turning whole
+        postings over costs every read and finds few again (200k vectors, a 16 MiB share,
+        batch-1 searches of 32 postings: p50 0.36-0.39 ms against 0.30-0.32 ms keeping none;
+        after 200k more were upserted, 0.81-0.82 ms keeping whole postings in the room the
+        tails' turnover leaves, 0.70-0.71 ms not, 0.71-0.75 ms keeping only tails as before).
 
-        A search (``wait`` False) skips this when another read holds the lock; others take
-        it for ``LEARN_SLICE`` postings at a time, so a search never waits long for it."""
+        A search skips this when another read holds the lock; other reads take it for
+        ``LEARN_SLICE`` postings at a time, so a search never waits long for it."""
         rs = self.record_size
-        room = self._kept_cap - self._kept_bytes if self._keep_whole else 0  # a hint: no lock held
+        room = self._kept_cap - self._kept_bytes if search and self._keep_whole else 0  # a hint: no lock held
         offs, pid_list, gen_list = offsets.tolist(), pids.tolist(), gens.tolist()
         learn, learnt = plan.learn, []
         if room > 0:
@@ -328,7 +328,7 @@ class RocksStore:
                    for i, span, k0 in learn if span & _CHUNKS_MASK > 1 and not leads[i] and values[k0] is not None]
         kept = self._kept
         for lo in range(0, len(learnt), LEARN_SLICE):
-            if not self._kept_lock.acquire(blocking=wait):
+            if not self._kept_lock.acquire(blocking=not search):
                 return
             try:
                 for pid, entry in learnt[lo:lo + LEARN_SLICE]:
