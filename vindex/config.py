@@ -126,9 +126,11 @@ class IndexConfig:
     """Posting store: ``rocksdb`` (embedded, the default), ``blocks`` (one file of 4 KiB
     blocks read with O_DIRECT, for NVMe) or ``memory`` (tests; not persisted)."""
     cache_bytes: int = 512 * 1024 * 1024
-    """(runtime) RocksDB block cache size. The RocksDB store also keeps the postings it read
-    in memory, up to a quarter of this more, so that a posting read again is fetched from
-    RocksDB only for the chunks appended to it since."""
+    """(runtime) RocksDB block cache size. The RocksDB store also keeps what it read of
+    postings in memory, up to a quarter of this more: whole postings until they outgrow
+    that (a posting read again then costs no RocksDB read), then what follows each
+    posting's first chunk (a read fetches the first chunk and those appended since). 0
+    keeps nothing and leaves the block cache at its 1 MiB floor."""
     io_scheduler: str = "sla"
     """(runtime) ``sla``: storage reads queue per I/O class (searches first, earliest deadline
     first); background rebalancing and foreground writes yield to searches, their shares of
