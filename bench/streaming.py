@@ -5,12 +5,12 @@
 
 Each search step's ground truth is an exact search over the points live at that step. For
 every method and every search-parameter setting it reports recall@10 per step and on
-average, search QPS (one thread; the median of `--search-repeats` passes), and insert and
+average, search QPS (one thread; `--search-repeats` passes, median time), and insert and
 delete throughput. Methods: vindex, vindex with rebalancing off, faiss IVFFlat (centroids
 trained on the first batch), hnswlib (mark_deleted / replace_deleted), and vindex rebuilt
-from scratch before every search step (the ceiling). Runbooks with "clustered" in their key are played over the data set's rows
-grouped by k-means cluster (as the runbooks' own data sets are ordered). Writes
-``<out>/streaming-<dataset>-<runbook>.json`` and ``.png``.
+from scratch before every search step (the ceiling). Runbooks with "clustered" in their
+key are played over the data set's rows grouped by k-means cluster (as the runbooks' own
+data sets are ordered). Writes ``<out>/streaming-<dataset>-<runbook>.json`` and ``.png``.
 """
 from __future__ import annotations
 
@@ -39,11 +39,13 @@ def ground_truths(steps, base, queries, metric, k) -> list[np.ndarray]:
     return out
 
 
-def play(method, steps, base, queries, truths, metric, k, repeats: int = 3) -> dict:
+def play(method, steps, base, queries, truths, metric, k, repeats: int = 1) -> dict:
     """Run ``steps`` on ``method``; at every search step, each setting's recall comes from
-    its first pass over the queries and its QPS from the median time of ``repeats`` passes
-    (one pass takes 1-2 ms on bigann-10k's 100 queries, and a single timing on this shared
-    machine varied up to 10x from one step to the next)."""
+    its first pass over the queries and its QPS from the median time of ``repeats`` passes.
+    Repeats give steady-state QPS (the first pass after writes fetches the chunks they
+    appended, and on bigann-10k's 100 queries takes 1-2 ms), but also give the background
+    more time between steps: with 3, vindex on bigann-10k read 1,120 instead of 1,586
+    records a query at max_postings 16."""
     live = runbook.LiveSet()
     method.setup(base.shape[1], metric, int(max(runbook.max_row_steps(steps), 1)))
     times = {"insert": 0.0, "delete": 0.0, "replace": 0.0}
@@ -95,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--key", default=None, help="runbook entry (default: the first)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--search-repeats", type=int, default=3,
-                    help="passes per search setting and step; QPS is from their median time")
+    ap.add_argument("--search-repeats", type=int, default=1,
+                    help="passes per search setting and step; QPS is from their median time "
+                         "(more than 1 also gives the background more time between steps)")
     ap.add_argument("--cluster-order", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
