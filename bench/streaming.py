@@ -44,8 +44,8 @@ def play(method, steps, base, queries, truths, metric, k, repeats: int = 1) -> d
     its first pass over the queries and its QPS from the median time of ``repeats`` passes.
     Repeats give steady-state QPS (the first pass after writes fetches the chunks they
     appended, and on bigann-10k's 100 queries takes 1-2 ms), but also give the background
-    more time between steps: with 3, vindex on bigann-10k read 1,120 instead of 1,586
-    records a query at max_postings 16."""
+    more time between steps: with 3, vindex on bigann-10k read 1,119-1,124 records a query
+    at max_postings 16, against 1,270-1,803 in six runs with 1."""
     live = runbook.LiveSet()
     method.setup(base.shape[1], metric, int(max(runbook.max_row_steps(steps), 1)))
     times = {"insert": 0.0, "delete": 0.0, "replace": 0.0}
@@ -189,18 +189,29 @@ def compare(results: dict) -> dict:
 
 def _recall_at(summary: list[dict], key: str, value: float | None) -> float | None:
     """Recall where the curve's ``key`` (qps or distances) equals ``value``, interpolated
-    linearly between measured settings; None outside the measured range."""
+    linearly between measured settings on the curve's frontier (a setting that another beats
+    on both recall and ``key`` is one nobody would pick: on bigann-10k, max_postings 2 ran
+    slower than 4 since the first search after each write step fetches what it appended);
+    None outside the measured range."""
+    faster = key == "qps"  # more qps is better; fewer distances are
     pts = [s for s in summary if s.get(key) is not None]
     if value is None or len(pts) < 1:
         return None
-    pts = sorted(pts, key=lambda s: s[key])
+
+    def beats(a: dict, b: dict) -> bool:
+        cheaper = a[key] >= b[key] if faster else a[key] <= b[key]
+        return cheaper and a["recall"] >= b["recall"] and (a[key], a["recall"]) != (b[key], b["recall"])
+
+    pts = sorted((p for p in pts if not any(beats(q, p) for q in pts)), key=lambda s: s[key])
     for a, b in zip(pts, pts[1:]):
         if a[key] <= value <= b[key]:
             t = (value - a[key]) / (b[key] - a[key]) if b[key] != a[key] else 0.0
             return a["recall"] + t * (b["recall"] - a["recall"])
-    if key == "distances" and value > pts[-1][key]:
+    if len(pts) == 1 and pts[0][key] == value:
+        return pts[0]["recall"]
+    if not faster and value > pts[-1][key]:
         return pts[-1]["recall"]  # more work than vindex's largest setting needs
-    if key == "qps" and value < pts[0][key]:
+    if faster and value < pts[0][key]:
         return pts[0]["recall"]   # slower than vindex's slowest setting
     return None
 

@@ -257,3 +257,20 @@ def test_measure_helpers():
     small = measure.rss_of_subprocess("x = 1")
     big = measure.rss_of_subprocess("import numpy as np\na = np.ones(64 * 2**20 // 8)")
     assert big - small > 50 * 2**20
+
+
+def test_streaming_recall_at_equal_cost_reads_the_frontier():
+    """A setting beaten on both recall and cost is not interpolated through; outside the
+    measured range there is no answer, except beyond the curve's costly end."""
+    from bench.streaming import _recall_at
+
+    curve = [{"recall": 0.56, "qps": 90.0, "distances": 150.0},   # beaten by the next
+             {"recall": 0.75, "qps": 110.0, "distances": 300.0},
+             {"recall": 0.90, "qps": 85.0, "distances": 600.0},
+             {"recall": 0.97, "qps": 60.0, "distances": 1100.0}]
+    assert _recall_at(curve, "qps", 97.5) == pytest.approx(0.75 + (97.5 - 110) / (85 - 110) * (0.90 - 0.75))
+    assert _recall_at(curve, "qps", 200.0) is None       # faster than any setting
+    assert _recall_at(curve, "qps", 30.0) == 0.97        # slower than the slowest
+    assert _recall_at(curve, "distances", 225.0) == pytest.approx(0.56 + 0.5 * (0.75 - 0.56))
+    assert _recall_at(curve, "distances", 5000.0) == 0.97
+    assert _recall_at(curve, "distances", 100.0) is None
