@@ -200,6 +200,27 @@ def test_rocks_read_that_races_a_replace_reads_the_new_posting(tmp_path):
     s.close()
 
 
+def test_rocks_refuses_a_chunk_that_is_not_whole_records_and_keeps_nothing_of_it(tmp_path):
+    from rocksdict import Options, Rdict
+
+    path = str(tmp_path / "db")
+    s = RocksStore(path, record_size=RS, cache_bytes=1 << 22, create=True)
+    s.commit(Change(appends={0: recs([1, 2]), 1: recs([3])}), IOClass.UPDATE)
+    s.close()
+    db = Rdict(path, Options(raw_mode=True), column_families={n: Options(raw_mode=True) for n in ("postings", "pdir", "log")})
+    postings = db.get_column_family("postings")
+    key = next(k for k in postings.keys() if struct.unpack(">II", k)[0] == 0)
+    postings[key] = postings[key][:-3]  # torn: two records less three bytes
+    del postings
+    db.close()
+    s = RocksStore(path, record_size=RS, cache_bytes=1 << 22, create=False)
+    with pytest.raises(CorruptionError, match="not a whole number"):
+        read_vids(s, [1, 0])
+    assert not s._kept  # nothing of the failed read is kept
+    assert read_vids(s, [1]) == [[3]]
+    s.close()
+
+
 def test_rocks_opens_a_directory_written_before_first_chunks(tmp_path):
     """Stores whose directory values are (chunks, records), without the first chunk, read as
     postings starting at chunk 0."""

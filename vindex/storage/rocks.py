@@ -223,7 +223,8 @@ class RocksStore:
                                       cost=len(pids))
             else:
                 values = []
-                self._io.admit(tenant, len(pids))
+                if len(pids):
+                    self._io.admit(tenant, len(pids))
             # a replace moves a posting to new keys and deletes the old ones in one batch: a
             # read that resolved the keys before it and fetched after finds them gone; a read
             # that took chunks from memory also checks that their posting was not moved meanwhile
@@ -320,12 +321,16 @@ class RocksStore:
                     rest.append((i, span, k0))
                     continue
                 room -= end - start
-                one = span & _CHUNKS_MASK == 1 and plan.held[i] is None  # keep the value fetched
-                learnt.append((pid_list[i], (gen_list[i], span, values[k0] if one else data[start:end].tobytes(), True)))
+                value = values[k0]  # a posting fetched in one chunk: the value itself, no copy
+                if span & _CHUNKS_MASK > 1 or plan.held[i] is not None or value is None:
+                    value = data[start:end].tobytes()
+                learnt.append((pid_list[i], (gen_list[i], span, value, True)))
             learn = rest
-        leads = plan.leads
-        learnt += [(pid_list[i], (gen_list[i], span, data[offs[i] * rs + len(values[k0]):offs[i + 1] * rs].tobytes(), False))
-                   for i, span, k0 in learn if span & _CHUNKS_MASK > 1 and not leads[i] and values[k0] is not None]
+        leads = plan.leads  # the rest: what follows the first chunk of postings in several
+        tails = [(i, span, offs[i] * rs + len(values[k0])) for i, span, k0 in learn
+                 if span & _CHUNKS_MASK > 1 and not leads[i] and values[k0] is not None]
+        learnt += [(pid_list[i], (gen_list[i], span, data[start:offs[i + 1] * rs].tobytes(), False))
+                   for i, span, start in tails]
         kept = self._kept
         for lo in range(0, len(learnt), LEARN_SLICE):
             if not self._kept_lock.acquire(blocking=not search):
@@ -359,7 +364,8 @@ class RocksStore:
         rs = self.record_size
         odd = [len(v) for v in values if v is not None and len(v) % rs]
         if odd:
-            raise CorruptionError(f"posting chunk of {odd[0]} bytes is not a whole number of {rs}-byte records")
+            raise CorruptionError(
+                f"posting chunk of {odd[0]} bytes is not a whole number of {rs}-byte records")
         pieces, ends = [], [0]
         total = k = 0
         for kept, lead, c in zip(plan.held, plan.leads, plan.counts):
