@@ -194,15 +194,10 @@ def _recall_at(summary: list[dict], key: str, value: float | None) -> float | No
     slower than 4 since the first search after each write step fetches what it appended);
     None outside the measured range."""
     faster = key == "qps"  # more qps is better; fewer distances are
-    pts = [s for s in summary if s.get(key) is not None]
+    pts = [dict(s, thrift=s[key] if faster else -s[key]) for s in summary if s.get(key) is not None]
     if value is None or len(pts) < 1:
         return None
-
-    def beats(a: dict, b: dict) -> bool:
-        cheaper = a[key] >= b[key] if faster else a[key] <= b[key]
-        return cheaper and a["recall"] >= b["recall"] and (a[key], a["recall"]) != (b[key], b["recall"])
-
-    pts = sorted((p for p in pts if not any(beats(q, p) for q in pts)), key=lambda s: s[key])
+    pts = sorted(report.frontier(pts, "recall", "thrift"), key=lambda s: s[key])
     for a, b in zip(pts, pts[1:]):
         if a[key] <= value <= b[key]:
             t = (value - a[key]) / (b[key] - a[key]) if b[key] != a[key] else 0.0
