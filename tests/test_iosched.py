@@ -426,11 +426,12 @@ def test_a_pause_repriced_in_slices_ends_soon_after_searches_stop():
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
-def test_lowered_threads_run_under_sched_idle_and_leave_others_alone():
+@pytest.mark.parametrize("idle_policy", [True, False])
+def test_lowered_threads_are_niced_and_take_sched_idle_when_asked(idle_policy):
     seen = {}
 
     def lowered():
-        seen["ok"] = lower_thread_priority()
+        seen["ok"] = lower_thread_priority(idle_policy=idle_policy)
         tid = threading.get_native_id()
         seen["policy"] = os.sched_getscheduler(tid)
         seen["nice"] = os.getpriority(os.PRIO_PROCESS, tid)
@@ -439,5 +440,6 @@ def test_lowered_threads_run_under_sched_idle_and_leave_others_alone():
     t = threading.Thread(target=lowered)
     t.start()
     t.join()
-    assert seen == {"ok": True, "policy": os.SCHED_IDLE, "nice": max(own, LOW_PRIORITY_NICE)}
+    policy = os.SCHED_IDLE if idle_policy else os.SCHED_OTHER
+    assert seen == {"ok": True, "policy": policy, "nice": max(own, LOW_PRIORITY_NICE)}
     assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER  # the caller's own thread
