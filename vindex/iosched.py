@@ -25,8 +25,8 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
