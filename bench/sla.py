@@ -82,7 +82,7 @@ class Ingest(threading.Thread):
 
     def run(self) -> None:
         if self.low_priority:  # as `vindex serve` runs upserts: on its lower-priority pool
-            lower_thread_priority(idle_policy=True)
+            lower_thread_priority()
         lo = 0
         while not self.stop_flag.is_set() and lo < self.x.shape[0]:
             hi = min(lo + self.batch, self.x.shape[0])

@@ -20,7 +20,6 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -424,7 +423,7 @@ class Server:
         # Upserts and deletes run on threads of their own at a lower CPU priority, so that on
         # a machine with few cores an ingest does not take the cores searches need.
         self.update_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vindex-update",
-                                              initializer=partial(lower_thread_priority, idle_policy=True))
+                                              initializer=lower_thread_priority)
         self.collections = Collections(config.data_dir,
                                        on_open=None if self.tenants is None else self.tenants.apply_io_quotas)
         self.servicer = VectorIndexServicer(self.collections, self.pool, config.limits, self.update_pool)

@@ -4,14 +4,13 @@ Policy tests drive ``Queues`` / ``TokenBucket`` / ``Aimd`` with explicit times; 
 use events, never sleeps, to decide what may have run."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
 
-from vindex.iosched import (LOW_PRIORITY_NICE, Aimd, DeadlineExpired, IOScheduler, Queues, Request,
-                            ResourceExhaustedError, TokenBucket, lower_thread_priority)
+from vindex.iosched import (Aimd, DeadlineExpired, IOScheduler, Queues, Request, ResourceExhaustedError,
+                            TokenBucket)
 from vindex.storage import IOClass
 
 I, U, B = IOClass.INTERACTIVE, IOClass.UPDATE, IOClass.BACKGROUND
@@ -423,23 +422,3 @@ def test_a_pause_repriced_in_slices_ends_soon_after_searches_stop():
         slept += step
         pause = p.charge(0.0)
     assert slept < 5 and p.duty == 1.0
-
-
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
-@pytest.mark.parametrize("idle_policy", [True, False])
-def test_lowered_threads_are_niced_and_take_sched_idle_when_asked(idle_policy):
-    seen = {}
-
-    def lowered():
-        seen["ok"] = lower_thread_priority(idle_policy=idle_policy)
-        tid = threading.get_native_id()
-        seen["policy"] = os.sched_getscheduler(tid)
-        seen["nice"] = os.getpriority(os.PRIO_PROCESS, tid)
-
-    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    t = threading.Thread(target=lowered)
-    t.start()
-    t.join()
-    policy = os.SCHED_IDLE if idle_policy else os.SCHED_OTHER
-    assert seen == {"ok": True, "policy": policy, "nice": max(own, LOW_PRIORITY_NICE)}
-    assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER  # the caller's own thread

@@ -99,7 +99,7 @@ class Index:
         self._closed = False
         cfg = engine.config
         # replica selection for upserts; under sla its threads yield the cores to searches
-        self._pool = yielding_pool("vindex-insert", cfg.io_scheduler == "sla", idle_policy=True)
+        self._pool = yielding_pool("vindex-insert", cfg.io_scheduler == "sla")
         self._rebalancer = Rebalancer(engine, enabled=cfg.rebalance)
         self._finalizer = weakref.finalize(self, _shutdown, self._rebalancer, self._pool, engine.store)
         # postings left over their limit or full of garbage by an earlier process

@@ -26,7 +26,6 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -40,41 +39,23 @@ from .storage.base import IOClass
 LOW_PRIORITY_NICE = 10
 
 
-def lower_thread_priority(nice: int = LOW_PRIORITY_NICE, *, idle_policy: bool = False) -> bool:
-    """Make the calling thread give the CPU to searches: nice ``nice`` and, with
-    ``idle_policy`` on Linux, the ``SCHED_IDLE`` policy. For threads the caller owns for good:
-    an unprivileged thread cannot raise its priority back. Returns False where the nice value
-    cannot be set.
-
-    A nice value only weights CPU shares: a search thread waking beside a niced thread
-    still waited for its slice. A ``SCHED_IDLE`` thread is preempted as soon as a normal one
-    wakes (200k vectors, flat-out upserts beside a thread timing its 0.5 ms sleeps: wake-ups
-    over 2 ms late fell from 2.9-3.1% to 1.1-1.3% of them, the upsert rate unchanged; the
-    block store's ``bench.sla`` p99 under ``sla`` from 7.3-8.1 to 5.5-5.8 ms). The price: on
-    cores that normal threads keep busy, it gets almost no CPU (weight 3 against 1024). That
-    starved rebalancing beside a thread searching back to back (the streaming benchmark: 2
-    splits instead of 28), so only the threads that upsert take it; rebalancing is paced by
-    search latency instead (``BackgroundPacer``)."""
+def lower_thread_priority(nice: int = LOW_PRIORITY_NICE) -> bool:
+    """Lower the CPU priority of the calling thread (Linux: nice is per thread). For threads
+    the caller owns for good: an unprivileged thread cannot raise it back. Returns False
+    where that is not possible."""
     try:
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), nice))
+        return True
     except (AttributeError, OSError):
         return False
-    if idle_policy:
-        try:
-            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        except (AttributeError, OSError):
-            pass  # not Linux: the nice value alone
-    return True
 
 
-def yielding_pool(name: str, yields: bool = True, workers: int = 0, *, idle_policy: bool = False
-                  ) -> ThreadPoolExecutor:
-    """A pool of ``workers`` threads (0: one per core) that run at ``LOW_PRIORITY_NICE`` (and
-    ``SCHED_IDLE`` if ``idle_policy``) if ``yields`` (work that gives the cores to searches
-    first)."""
+def yielding_pool(name: str, yields: bool = True, workers: int = 0) -> ThreadPoolExecutor:
+    """A pool of ``workers`` threads (0: one per core) that run at ``LOW_PRIORITY_NICE`` if
+    ``yields`` (work that gives the cores to searches first)."""
     return ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1, thread_name_prefix=name,
-                              initializer=partial(lower_thread_priority, idle_policy=idle_policy) if yields else None)
+                              initializer=lower_thread_priority if yields else None)
 
 
 def check_mode(mode: str) -> None:
