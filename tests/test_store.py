@@ -285,33 +285,6 @@ def test_rocks_rereads_only_the_chunks_appended_since_a_posting_was_read(tmp_pat
     s.close()
 
 
-def test_rocks_append_to_a_posting_in_max_chunks_writes_it_back_as_one(tmp_path, monkeypatch):
-    """While searches miss their target (``Change.fold``), an append to a posting in
-    ``MAX_CHUNKS`` chunks or more folds it into one chunk in the same commit: same records in
-    the same order, and what reads kept of the posting is not used again."""
-    from vindex.storage import rocks
-
-    monkeypatch.setattr(rocks, "MAX_CHUNKS", 3)
-    path = str(tmp_path / "db")
-    s = RocksStore(path, record_size=RS, cache_bytes=1 << 22, create=True)
-    for v in (1, 2, 3, 4):
-        s.commit(Change(appends={0: recs([v]), 1: recs([10 + v])}), IOClass.UPDATE)
-    assert s.fragments(np.array([0, 1])).tolist() == [4, 4]  # no folds unless the change asks
-    assert read_vids(s, [0]) == [[1, 2, 3, 4]]  # now kept whole
-    s.commit(Change(appends={0: recs([5])}, replaces={1: recs([20])}, log=b"x", fold=True), IOClass.UPDATE)
-    assert s.fragments(np.array([0, 1])).tolist() == [1, 1]
-    assert s.lengths()[0] == 5
-    fetched = _counting(s)
-    assert read_vids(s, [0, 1]) == [[1, 2, 3, 4, 5], [20]]
-    assert fetched == [2]  # both postings moved: nothing kept of either was used
-    s.commit(Change(appends={0: recs([6])}, fold=True), IOClass.UPDATE)
-    s.close()
-    s = RocksStore(path, record_size=RS, cache_bytes=1 << 22, create=False)
-    assert read_vids(s, [0, 1]) == [[1, 2, 3, 4, 5, 6], [20]]
-    assert s.fragments(np.array([0])).tolist() == [2]
-    s.close()
-
-
 def test_rocks_kept_postings_stay_within_their_share_of_the_cache(tmp_path):
     s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=8 * RS, create=True)
     for v in range(6):

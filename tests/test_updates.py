@@ -343,18 +343,6 @@ def test_rewritten_postings_move_their_heads_to_their_vectors_and_replay_it(tmp_
         check_exact(again, {i: base[i] for i in live}, ints(rng, 30))
 
 
-def test_commits_ask_the_store_to_fold_only_while_searches_miss_their_target(tmp_path):
-    rng = np.random.default_rng(4)
-    with vindex.Index.build(tmp_path / "f", ints(rng, 300), rebalance=False) as index:
-        store, folds = index._engine.store, []
-        commit = store.commit
-        store.commit = lambda change, io: (folds.append(change.fold), commit(change, io))[1]
-        index.upsert(np.arange(300, 310), ints(rng, 10))
-        index._engine.update_pacer.bucket.rate = 0.7  # as after a window of slow searches
-        index.upsert(np.arange(310, 320), ints(rng, 10))
-        assert folds == [False, True]
-
-
 def test_upserts_search_replicas_on_their_own_thread_while_searches_miss_their_target(tmp_path, monkeypatch):
     # the upsert pool's threads each hand the GIL back when their kernel ends: while small
     # searches miss their p99 target, an upsert searches for replicas on its own thread

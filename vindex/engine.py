@@ -71,7 +71,6 @@ class Engine:
         """Write ``change`` with ``rec`` atomically, then apply ``rec``. Caller holds ``lock``."""
         change.log = oplog.encode(rec)
         change.pause = self.yield_to_searches
-        change.fold = not self.update_pacer.on_target
         self.yield_to_searches()
         self.seq = self.store.commit(change, io)
         with self.readers.exclusive():  # no search is between reading postings and checking versions

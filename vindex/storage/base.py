@@ -56,9 +56,6 @@ class Change:
     # called between the pieces of a large write, GIL released while it waits: the engine
     # lets running searches finish there (see ``Engine.yield_to_searches``)
     pause: Callable[[], object] | None = None
-    # searches are missing their latency target: a store that keeps a posting's appends as
-    # separate pieces writes one in too many pieces back whole (RocksStore.MAX_CHUNKS)
-    fold: bool = False
 
 
 class PostingStore(Protocol):

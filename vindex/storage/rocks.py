@@ -59,9 +59,6 @@ BACKGROUND_WRITE_BYTES_PER_S = 96 << 20
 #: median, p99 0.82 ms; 64-chunk pieces cost an ingest without searches nothing measurable).
 EARLY_WRITE_KEYS = 64
 EARLY_WRITE_BYTES = 64 * 1024
-#: A commit appending to a posting already in this many chunks writes it back whole, as one
-#: (see ``RocksStore._folds``).
-MAX_CHUNKS = 32
 #: Reads of a posting set that a concurrent commit moved (see ``RocksStore.read``) before
 #: giving up on finding the missing chunks.
 READ_ATTEMPTS = 1000
@@ -117,13 +114,7 @@ def _options(cache: Cache, create: bool, io_scheduler: str) -> tuple[Options, di
     postings.set_block_based_table_factory(table)
     # float32 vectors barely compress; decompression would sit on the search path
     postings.set_compression_type(DBCompressionType.none())
-    # Four 64 MiB memtables (the memory of RocksDB's default two of 128 MiB): when a write
-    # fills the active one while the other still flushes, RocksDB stops it until the flush
-    # ends, and rocksdict's ``write`` holds the GIL meanwhile. Under a flat-out ingest with
-    # folds (``MAX_CHUNKS``) such writes took 0.3-0.5 s, stalling every search; with four, none
-    # took over 20 ms.
-    postings.set_write_buffer_size(64 * 1024 * 1024)
-    postings.set_max_write_buffer_number(4)
+    postings.set_write_buffer_size(128 * 1024 * 1024)
     small = Options(raw_mode=True)
     small.set_block_based_table_factory(table)
     # The directory is read only when the store opens (a full scan), never by key: an
@@ -220,10 +211,7 @@ class RocksStore:
     # --- reads --------------------------------------------------------------------------------
     def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,
              tenant: str = "default") -> PostingBatch:
-        return self._read(np.asarray(pids, dtype=np.int64), io, deadline=deadline, tenant=tenant)
-
-    def _read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None, tenant: str = "default",
-              keep: bool = True) -> PostingBatch:
+        pids = np.asarray(pids, dtype=np.int64)
         whole = False
         for attempt in range(READ_ATTEMPTS):
             version = self._dir_version
@@ -246,7 +234,7 @@ class RocksStore:
                 break
             time.sleep(0)  # let the commit update the directory
         data, offsets = self._gather(values, plan)
-        if whole and keep and plan.learn and self._kept_cap:
+        if whole and plan.learn and self._kept_cap:
             self._keep(pids, gens, plan, values, data, offsets, search=io is IOClass.INTERACTIVE)
         self.reads += len(pids)
         self.read_bytes += data.shape[0]
@@ -417,7 +405,6 @@ class RocksStore:
             new_dir = {p: [f, c, r] for p, f, c, r in zip(
                 touched, (spans >> 32).tolist(), (spans & _CHUNKS_MASK).tolist(), self._lengths.get(pids).tolist())}
             dropped = set(change.drops)
-            replaces = {**self._folds(change, new_dir, dropped, io), **change.replaces}
             for pid in change.drops:
                 first, chunks, _ = new_dir[pid]
                 if first + chunks:  # from chunk 0: chunks a failed commit left below ``first`` too
@@ -428,7 +415,7 @@ class RocksStore:
             # written ahead of the batch (see ``_write_ahead``); a replace's old chunks are
             # deleted in the batch. A chunk of a posting this commit drops follows its delete.
             writes, in_batch = [], []
-            for pid, data in replaces.items():
+            for pid, data in change.replaces.items():
                 first, chunks, _ = new_dir[pid]
                 data = data + change.appends.get(pid, b"")  # one chunk, not a replace and an append
                 at = 0 if first > 0 or chunks == 0 else chunks
@@ -437,7 +424,7 @@ class RocksStore:
                     batch.delete_range(_key(pid, first), _key(pid, first + chunks), post)
                 new_dir[pid] = [at, 1, len(data) // rs]
             for pid, data in change.appends.items():
-                if pid in replaces:
+                if pid in change.replaces:
                     continue
                 first, chunks, records = new_dir[pid]
                 (in_batch if pid in dropped else writes).append((_key(pid, first + chunks), data))
@@ -466,39 +453,12 @@ class RocksStore:
                     after = np.array(list(new_dir.values()), dtype=np.int64).reshape(-1, 3)
                     self._spans.put(pids, after[:, 0] << 32 | after[:, 1])
                     self._lengths.put(pids, after[:, 2])
-                    moved = np.array([*change.drops, *replaces], dtype=np.int64)
+                    moved = np.array([*change.drops, *change.replaces], dtype=np.int64)
                     if moved.size:  # what reads kept no longer belongs to these postings
                         self._gens.put(moved, self._gens.get(moved) + 1)
             finally:
                 self._dir_version += 1
             return seq
-
-    def _folds(self, change: Change, new_dir: dict, dropped: set, io: IOClass) -> dict[int, bytes]:
-        """If ``change.fold`` (searches are missing their target): the postings that
-        ``change`` appends to and that already lie in ``MAX_CHUNKS`` chunks, read whole; the
-        commit writes each back as one chunk, its append included.
-
-        Folding is the background's job (``rebalance.FOLD_FRAGMENTS``), but under a flat-out
-        ingest the background gets little time while searches miss their target, and every
-        chunk is one more key in every read of the posting: on 200k vectors after 15 s of
-        upserts under ``sla``, postings lay in 96 chunks on average and a 16-posting search
-        asked RocksDB for ~450 keys (and the longer the ingest, the more). With folds at 32
-        chunks, ``bench.sla`` on RocksDB (two runs of two, alternating with the code before):
-        A's p50 under ``sla`` 2.25-2.82 -> 1.61-2.15 ms, p99 10.4-12.0 -> 7.5-10.1 ms, B's
-        upserts 21.0-21.3k -> 17.2-18.7k rows/s (0.86-0.88x ``fifo``). At 16 chunks B fell
-        to 14.8k rows/s in a shorter test. Without searches the background runs at full
-        speed but still lags a flat-out ingest, and folding then cost 30% of the upsert rate
-        (500k upserts into 500k: 20.5-22.1k against 30.2-37.9k rows/s) for postings no search
-        was reading: hence only while searches miss."""
-        if not change.fold:
-            return {}
-        full = [pid for pid in change.appends
-                if pid not in change.replaces and pid not in dropped and new_dir[pid][1] >= MAX_CHUNKS]
-        if not full:
-            return {}
-        batch = self._read(np.asarray(full, dtype=np.int64), io, keep=False)
-        rs, offs = self.record_size, batch.offsets.tolist()
-        return {pid: batch.data[offs[i] * rs:offs[i + 1] * rs].tobytes() for i, pid in enumerate(full)}
 
     def _write_ahead(self, writes: list[tuple[bytes, bytes]], pause) -> None:
         """Write a large commit's new chunks ahead of it, in pieces.
