@@ -278,9 +278,16 @@ def main(argv: list[str] | None = None) -> int:
         for var in _SERVE_ENV:
             os.environ.setdefault(var, "1")
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return rc
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (``vindex query ... | head``): stop quietly, as Unix tools do;
+        # stdout goes to /dev/null so that the interpreter's own flush at exit does not fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command SIGPIPE stopped
     except Exception as e:  # library and service errors: one clear line, no traceback
         from vindex.errors import VindexError
 

@@ -1102,6 +1102,12 @@ def test_cli_console_script(server, client):
         res = subprocess.run([*cmd, "stats", "x", "--server", f"127.0.0.1:{port}", "--timeout", "5"],
                              capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "ServiceError: UNAVAILABLE" in res.stderr, res.stderr
+    # a reader that goes away (``| head``) stops the command quietly
+    proc = subprocess.Popen([*cmd, "list", "--server", server.target], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and not err, err.decode(errors="replace")
 
 
 @contextlib.contextmanager
