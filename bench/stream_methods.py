@@ -22,7 +22,7 @@ class VindexStream:
     """vindex taking the runbook in place (``rebalance`` on or off), or rebuilt from scratch
     on the live set before every search step (``rebuild``: the ceiling)."""
 
-    POSTINGS = (2, 4, 8, 16, 32, 64)
+    POSTINGS = (1, 2, 4, 8, 16, 32, 64)
 
     def __init__(self, name: str = "vindex", *, rebalance: bool = True, rebuild: bool = False,
                  config: dict | None = None) -> None:
