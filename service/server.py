@@ -327,10 +327,11 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         # beats DEADLINE_EXCEEDED); the margin leaves time to answer
         deadline = None if remaining is None else time.monotonic() + max(remaining - DEADLINE_MARGIN_S, 1e-3)
 
-        def search(q: np.ndarray, deadline: float | None = deadline) -> vindex.SearchResult:
+        def search(q: np.ndarray, deadline: float | None = deadline, interactive: bool | None = None
+                   ) -> vindex.SearchResult:
             timeout = None if deadline is None else max(deadline - time.monotonic(), 1e-6)
             with self.collections.use(name) as index:
-                return index.search(q, k, timeout=timeout, tenant=tenant, **params)
+                return index.search(q, k, timeout=timeout, tenant=tenant, interactive=interactive, **params)
 
         def respond(res: vindex.SearchResult) -> pb.SearchResponse:
             return pb.SearchResponse(nq=res.ids.shape[0], k=k, ids=res.ids.ravel().tolist(),
@@ -358,7 +359,8 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
             if q.shape[0] == 0:  # (a small request has at most MAX_COALESCED_QUERIES rows)
                 return respond(await asyncio.get_running_loop().run_in_executor(self.pool, search, q))
             key = (name, k, tenant, tuple(sorted(params.items())))
-            return respond(await self.batcher.search(key, search, q, deadline))
+            # a coalesced batch is many small requests, each waited for: interactive at any size
+            return respond(await self.batcher.search(key, lambda qs, d: search(qs, d, interactive=True), q, deadline))
 
         return await self._call(context, None, coroutine=coalesced)
 

@@ -368,6 +368,37 @@ def test_wait_for_searches_returns_when_the_last_search_ends():
     assert done.is_set()
 
 
+def test_writers_yield_to_interactive_searches_only_but_drops_wait_for_every_search(tmp_path):
+    import numpy as np
+
+    import vindex
+    from vindex.readers import Readers
+
+    r = Readers()
+    batch = r.begin(interactive=False)
+    assert r.wait_for_searches(0.0)  # a large batch is throughput work: writers go on
+    boundary = r.now()
+    assert not r.drained(boundary)  # but what it may still read stays in the store
+    small = r.begin()
+    assert not r.wait_for_searches(0.0)
+    r.end(small)
+    assert r.wait_for_searches(0.0) and not r.drained(boundary)
+    r.end(batch)
+    assert r.drained(boundary)
+
+    # Index.search: up to 16 queries are interactive by default; ``interactive`` overrides it
+    x = np.random.default_rng(0).standard_normal((500, 8)).astype(np.float32)
+    with vindex.Index.build(str(tmp_path / "i"), x, progress=False) as idx:
+        readers, seen = idx._engine.readers, []
+        begin = readers.begin
+        readers.begin = lambda interactive=True: seen.append(interactive) or begin(interactive)
+        idx.search(x[:16], 3)
+        idx.search(x[:17], 3)
+        idx.search(x[:17], 3, interactive=True)
+        idx.search(x[:1], 3, interactive=False)
+        assert seen == [True, False, True, False]
+
+
 @pytest.mark.parametrize("mode", ["sla", "fifo"])
 def test_large_rocksdb_commit_yields_to_searches_between_pieces_under_sla_only(tmp_path, monkeypatch, mode):
     import numpy as np

@@ -1134,11 +1134,12 @@ def test_concurrent_small_searches_are_coalesced(tmp_path):
         stub.Upsert(pb.UpsertRequest(collection="co", ids=list(range(500)), vectors=f32(x), dim=8), timeout=30)
         with srv.server.collections.use("co") as index:
             expected = index.search(queries, 5)
-            calls = []
+            calls, interactive = [], []
             search = index.search
 
             def counted(q, *a, **kw):
                 calls.append(q.shape[0])
+                interactive.append(kw.get("interactive"))
                 return search(q, *a, **kw)
             index.search = gate.wrap(counted)
         batcher = srv.server.servicer.batcher
@@ -1160,6 +1161,7 @@ def test_concurrent_small_searches_are_coalesced(tmp_path):
             np.testing.assert_array_equal(np.array(r.distances, np.float32), expected.distances[i])
         assert sum(calls) == len(queries)
         assert len(calls) < len(queries), calls  # measured: [1, 1, 10] on 2 cores (arrival timing decides)
+        assert interactive == [True] * len(calls)  # writers yield to a coalesced batch at any size
     finally:
         gate.opened.set()
         channel.close()

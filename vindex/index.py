@@ -18,7 +18,7 @@ from .engine import Engine
 from .errors import CorruptionError, IdExistsError, IndexClosedError, preview
 from .heads import METRIC_CODES, HeadGraph
 from .idmap import IdMap
-from .iosched import yielding_pool
+from .iosched import BackgroundPacer, yielding_pool
 from .progress import enabled
 from .rebalance import FOLD_FRAGMENTS, STALE_ARRAYS, Rebalancer
 from .search import search as run_search
@@ -238,7 +238,7 @@ class Index:
     # --- search -------------------------------------------------------------------------------
     def search(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
                eps: float | None = None, ef: int | None = None, timeout: float | None = None,
-               tenant: str = "default") -> SearchResult:
+               tenant: str = "default", interactive: bool | None = None) -> SearchResult:
         """The ``k`` nearest stored vectors of each query.
 
         ``queries`` is ``(nq, dim)`` or one ``(dim,)`` query; results are always 2-D.
@@ -246,7 +246,11 @@ class Index:
         is farther than ``(1 + eps)`` times the nearest head, and ``ef`` is the head-graph beam
         width; each defaults to the index config. Posting reads still queued ``timeout``
         seconds after the call are dropped and the result is ``partial``. ``tenant`` names
-        whose I/O quota the reads count against.
+        whose I/O quota the reads count against. ``interactive``: someone waits for this
+        search, so under ``io_scheduler="sla"`` writes and rebalancing let it finish before
+        each stretch that holds the GIL (waiting at most ``interactive_p99_ms``); by default,
+        searches of up to 16 queries are (larger batches are throughput work, which the
+        background would otherwise fall behind).
         """
         q, k, m, e, beam = self._search_args(queries, k, max_postings, eps, ef)
         timeout = None if timeout is None else validation.seconds(timeout, "timeout")
@@ -256,7 +260,10 @@ class Index:
         eng = self._engine
         started = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
-        with eng.readers.search():  # postings this search may still read stay in the store
+        # postings this search may still read stay in the store; writers yield to interactive ones
+        if interactive is None:
+            interactive = q.shape[0] <= BackgroundPacer.SMALL_BATCH
+        with eng.readers.search(interactive=bool(interactive)):
             ids, dists, work = run_search(q, k, graph=eng.state.graph, idmap=eng.state.idmap,
                                           store=eng.store, readers=eng.readers, metric=self._metric_code,
                                           max_postings=m, eps=e, ef=max(beam, m), deadline=deadline,

@@ -25,33 +25,39 @@ class Readers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._active: dict[int, None] = {}  # tickets of running searches, in start order
+        self._active: dict[int, bool] = {}  # tickets of running searches, in start order: interactive?
+        self._interactive = 0  # running searches that writers yield to
         self._next = 0
         self._reading = 0
         self._writing = False
 
     # --- tickets ------------------------------------------------------------------------------
-    def begin(self) -> int:
+    def begin(self, interactive: bool = True) -> int:
         with self._lock:
             t = self._next
             self._next += 1
-            self._active[t] = None
+            self._active[t] = interactive
+            self._interactive += interactive
             return t
 
     def end(self, ticket: int) -> None:
         with self._lock:
-            self._active.pop(ticket, None)
-            if not self._active:
-                self._cv.notify_all()
+            if self._active.pop(ticket, False):
+                self._interactive -= 1
+                if not self._interactive:
+                    self._cv.notify_all()
 
     def wait_for_searches(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds until no search is running; True if none is.
+        """Wait up to ``timeout`` seconds until no interactive search is running; True if
+        none is.
 
         Writes and rebalancing steps call this before a stretch that holds the GIL (a
         RocksDB write does), so a running search finishes first instead of stalling
-        behind it: searches go first, and a write waits at most ``timeout``."""
+        behind it: searches go first, and a write waits at most ``timeout``. Large batches
+        (``interactive=False`` in ``search``) are throughput work: yielding to them, back to
+        back, held rebalancing to about one step per ``timeout`` (docs/sla.md)."""
         with self._lock:
-            return self._cv.wait_for(lambda: not self._active, timeout)
+            return self._cv.wait_for(lambda: not self._interactive, timeout)
 
     def now(self) -> int:
         """A ticket boundary: searches holding smaller tickets started before this call."""
@@ -64,8 +70,8 @@ class Readers:
             return not self._active or next(iter(self._active)) >= boundary
 
     @contextmanager
-    def search(self) -> Iterator[None]:
-        t = self.begin()
+    def search(self, interactive: bool = True) -> Iterator[None]:
+        t = self.begin(interactive)
         try:
             yield
         finally:
