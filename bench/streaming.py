@@ -40,12 +40,11 @@ def ground_truths(steps, base, queries, metric, k) -> list[np.ndarray]:
 
 
 def play(method, steps, base, queries, truths, metric, k, repeats: int = 1) -> dict:
-    """Run ``steps`` on ``method``; at every search step, each setting's recall comes from
-    its first pass over the queries and its QPS from the median time of ``repeats`` passes.
-    Repeats give steady-state QPS (the first pass after writes fetches the chunks they
-    appended, and on bigann-10k's 100 queries takes 1-2 ms), but also give the background
-    more time between steps: with 3, vindex on bigann-10k read 1,119-1,124 records a query
-    at max_postings 16, against 1,270-1,803 in six runs with 1."""
+    """Run ``steps`` on ``method``; at every search step, after one untimed pass at the
+    largest setting, each setting's recall comes from its first pass over the queries and
+    its QPS from the median time of ``repeats`` passes. Repeats smooth the QPS but also give
+    the background more time between steps: with 3, vindex on bigann-10k read 1,119-1,124
+    records a query at max_postings 16, against 1,270-1,803 in six runs with 1."""
     live = runbook.LiveSet()
     method.setup(base.shape[1], metric, int(max(runbook.max_row_steps(steps), 1)))
     times = {"insert": 0.0, "delete": 0.0, "replace": 0.0}
@@ -63,8 +62,13 @@ def play(method, steps, base, queries, truths, metric, k, repeats: int = 1) -> d
             sweep = method.sweep()
             t0 = time.perf_counter()
             method.search(queries, k, sweep[-1])
-            row = {"step": s_i, "live": int(ids.size), "first_pass_s": time.perf_counter() - t0, "settings": []}
-            for params in sweep:
+            row = {"step": s_i, "live": int(ids.size), "first_pass_s": time.perf_counter() - t0,
+                   "settings": [None] * len(sweep)}
+            # the settings in an order rotated by one each step: the background a write step
+            # started winds down as the step's searches run, so a fixed order would give the
+            # first settings the busiest CPU at every step
+            for j in np.roll(np.arange(len(sweep)), -(s_i - 1)).tolist():
+                params = sweep[j]
                 dts = []
                 for r in range(repeats):
                     t0 = time.perf_counter()
@@ -72,9 +76,9 @@ def play(method, steps, base, queries, truths, metric, k, repeats: int = 1) -> d
                     dts.append(time.perf_counter() - t0)
                     if r == 0:
                         found, distances = got, getattr(method, "last_distances", None)
-                row["settings"].append({"params": params, "recall": datasets.recall_at_k(found, truth, min(k, truth.shape[1])),
-                                        "qps": queries.shape[0] / float(np.median(dts)),
-                                        "distances": distances})
+                row["settings"][j] = {"params": params, "recall": datasets.recall_at_k(found, truth, min(k, truth.shape[1])),
+                                      "qps": queries.shape[0] / float(np.median(dts)),
+                                      "distances": distances}
             per_step.append(row)
             continue
         t0 = time.perf_counter()
@@ -199,9 +203,7 @@ def compare(results: dict) -> dict:
 def _recall_at(summary: list[dict], key: str, value: float | None) -> float | None:
     """Recall where the curve's ``key`` (qps or distances) equals ``value``, interpolated
     linearly between measured settings on the curve's frontier (a setting that another beats
-    on both recall and ``key`` is one nobody would pick: on bigann-10k, max_postings 2 ran
-    slower than 4 since the first search after each write step fetches what it appended);
-    None outside the measured range."""
+    on both recall and ``key`` is one nobody would pick); None outside the measured range."""
     faster = key == "qps"  # more qps is better; fewer distances are
     pts = [dict(s, thrift=s[key] if faster else -s[key]) for s in summary if s.get(key) is not None]
     if value is None or len(pts) < 1:
