@@ -312,6 +312,12 @@ def test_rocks_keeps_whole_postings_while_there_is_room_then_only_tails(tmp_path
     fetched = _counting(s)
     assert read_vids(s, [2, 1, 0]) == [[2, 3], [1], [0]]
     assert fetched == [2]  # posting 2's first chunk and posting 0; posting 1 whole from memory
+    # a posting kept whole that grew is kept whole again (the newest), not read as
+    # "kept part + every chunk appended since" from then on
+    s.commit(Change(appends={1: recs([4])}), IOClass.UPDATE)
+    assert read_vids(s, [1]) == [[1, 4]] and read_vids(s, [1]) == [[1, 4]]
+    assert fetched == [2, 1]  # the appended chunk, once
+    assert list(s._kept)[-1] == 1 and s._kept[1][3] and s._kept_bytes <= 2 * RS
     s.close()
 
 

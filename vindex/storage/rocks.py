@@ -301,7 +301,8 @@ class RocksStore:
         mostly of postings about to be rewritten.) Once the postings read outgrow the share,
         a posting in several chunks keeps only what follows its first chunk, pushing the
         oldest kept out, since each of those chunks is another key for the multi-get; and
-        from the first time that happens no whole posting is kept again. Turning whole
+        from the first time that happens no posting is newly kept whole (one already kept
+        whole that a search finds grown is kept whole again, as the newest). Turning whole
         postings over costs every read and finds few again (200k vectors, a 16 MiB share,
         batch-1 searches of 32 postings: p50 0.36-0.39 ms against 0.30-0.32 ms keeping none;
         after 200k more were upserted, 0.81-0.82 ms keeping whole postings in the room the
@@ -326,7 +327,12 @@ class RocksStore:
                     value = data[start:end].tobytes()
                 learnt.append((pid_list[i], (gen_list[i], span, value, True)))
             learn = rest
-        leads = plan.leads  # the rest: what follows the first chunk of postings in several
+        leads = plan.leads
+        if search:  # a posting held whole that grew stays whole: else every read of it would
+            # fetch all the chunks appended since, more with each append, until it is rewritten
+            learnt += [(pid_list[i], (gen_list[i], span, data[offs[i] * rs:offs[i + 1] * rs].tobytes(), True))
+                       for i, span, _ in learn if leads[i] and plan.held[i] is not None]
+        # the rest: what follows the first chunk of postings in several
         tails = [(i, span, offs[i] * rs + len(values[k0])) for i, span, k0 in learn
                  if span & _CHUNKS_MASK > 1 and not leads[i] and values[k0] is not None]
         learnt += [(pid_list[i], (gen_list[i], span, data[start:offs[i + 1] * rs].tobytes(), False))
