@@ -397,6 +397,9 @@ def test_writers_yield_to_interactive_searches_only_but_drops_wait_for_every_sea
         idx.search(x[:17], 3, interactive=True)
         idx.search(x[:1], 3, interactive=False)
         assert seen == [True, False, True, False]
+        with pytest.raises(vindex.errors.InvalidInputError, match="interactive"):
+            idx.search(x[:1], 3, interactive="no")  # a truthy string must not pass as True
+        assert len(seen) == 4
 
 
 @pytest.mark.parametrize("mode", ["sla", "fifo"])

@@ -15,7 +15,7 @@ from . import checkpoint, layout, oplog, validation, writes
 from .build import build_postings
 from .config import IndexConfig, check_metric, record_bytes
 from .engine import Engine
-from .errors import CorruptionError, IdExistsError, IndexClosedError, preview
+from .errors import CorruptionError, IdExistsError, IndexClosedError, InvalidInputError, preview
 from .heads import METRIC_CODES, HeadGraph
 from .idmap import IdMap
 from .iosched import BackgroundPacer, yielding_pool
@@ -254,6 +254,8 @@ class Index:
         """
         q, k, m, e, beam = self._search_args(queries, k, max_postings, eps, ef)
         timeout = None if timeout is None else validation.seconds(timeout, "timeout")
+        if interactive is not None and not isinstance(interactive, (bool, np.bool_)):
+            raise InvalidInputError(f"interactive: expected True, False or None, got {interactive!r}")
         if q.shape[0] == 0:
             return SearchResult(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32),
                                 {"postings": 0, "records_scanned": 0, "postings_dropped": 0})
