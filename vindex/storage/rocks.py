@@ -331,7 +331,7 @@ class RocksStore:
         if search:  # a posting held whole that grew stays whole: else every read of it would
             # fetch all the chunks appended since, more with each append, until it is rewritten
             learnt += [(pid_list[i], (gen_list[i], span, data[offs[i] * rs:offs[i + 1] * rs].tobytes(), True))
-                       for i, span, _ in learn if leads[i] and plan.held[i] is not None]
+                       for i, span, _ in learn if leads[i]]  # leads: held whole
         # the rest: what follows the first chunk of postings in several
         tails = [(i, span, offs[i] * rs + len(values[k0])) for i, span, k0 in learn
                  if span & _CHUNKS_MASK > 1 and not leads[i] and values[k0] is not None]
