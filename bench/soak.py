@@ -315,7 +315,7 @@ def run_soak(cfg: SoakConfig, root: str | None = None, log: Callable[[str], None
             sample = {"t": now - start_at, **proc_sample(server.pid), "wal_mb": wal_mb(store_dir)}
             s = col.stats()
             # the block cache and the postings the store keeps in memory, both capped by design
-            sample["cache_mb"] = (s["store"].get("block_cache_usage", 0) + s["store"].get("kept_bytes", 0)) / 2**20
+            sample["cache_mb"] = (s["store"].get("block_cache_usage", 0) + s["store"].get("kept_allocated_bytes", 0)) / 2**20
             sample["sst_mb"] = s["store"].get("sst_bytes", 0) / 2**20
             sample["unaccounted_mb"] = (sample["rss_mb"] - MEMTABLE_PER_WAL_BYTE * sample["wal_mb"]
                                         - sample["cache_mb"])

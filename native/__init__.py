@@ -73,6 +73,9 @@ def warmup() -> None:
     live = scan.live_ids(recs_u, versions, vid2ext)
     held.live_ids(recs_u, versions, vid2ext)
     offsets = np.array([0, 4], dtype=np.int64)
+    starts, ends = offsets[:-1], offsets[1:]
+    scan.live_ids_ranges(recs_u, starts, ends, versions, vid2ext)
+    held.live_ids_ranges(recs_u, starts, ends, versions, vid2ext)
     one_ptr = np.array([0, 2], dtype=np.int64)
     one_idx = np.array([0, 1], dtype=np.int32)
     for metric in (distances.L2, distances.IP):
@@ -81,7 +84,8 @@ def warmup() -> None:
         sizes = np.zeros(2, np.int32)
         for kernels in (scan, held):
             sizes[:] = 0
-            kernels.scan_grouped(recs_f, live, offsets, one_ptr, one_idx, q, metric, hd, hi, sizes)
+            kernels.scan_grouped(recs_f, starts, ends, live, starts, one_ptr[:-1], one_ptr[1:], one_idx, q, metric,
+                                 hd, hi, sizes)
             kernels.finish(hd, hi, sizes)
     labels = np.full(4, -1, np.int64)
     cents = np.zeros((2, d), np.float32)

@@ -52,9 +52,16 @@ def live_ids(recs_u, versions, vid2ext):
 
 
 @nb.njit(**_h)
-def scan_grouped(recs_f, ids, post_off, q_ptr, q_idx, queries, metric, heap_d, heap_i, sizes):
+def live_ids_ranges(recs_u, starts, ends, versions, vid2ext):
+    """:func:`native.scan.live_ids_ranges`, GIL held."""
+    return scan.live_ids_ranges(recs_u, starts, ends, versions, vid2ext)
+
+
+@nb.njit(**_h)
+def scan_grouped(recs_f, starts, ends, ids, id_starts, q_lo, q_hi, q_idx, queries, metric, heap_d, heap_i, sizes):
     """:func:`native.scan.scan_grouped`, GIL held."""
-    scan.scan_grouped(recs_f, ids, post_off, q_ptr, q_idx, queries, metric, heap_d, heap_i, sizes)
+    scan.scan_grouped(recs_f, starts, ends, ids, id_starts, q_lo, q_hi, q_idx, queries, metric, heap_d, heap_i,
+                      sizes)
 
 
 @nb.njit(**_h)

@@ -81,16 +81,37 @@ def group_by_posting(sel, counts, slot):
 
 
 @nb.njit(**_q)
-def scan_grouped(recs_f, ids, post_off, q_ptr, q_idx, queries, metric, heap_d, heap_i, sizes):
+def live_ids_ranges(recs_u, starts, ends, versions, vid2ext):
+    """``live_ids`` of the records ``starts[j]:ends[j]`` of each posting ``j``, one posting
+    after another: posting ``j``'s ids start at the sum of the lengths before it."""
+    total = 0
+    for j in range(starts.shape[0]):
+        total += ends[j] - starts[j]
+    out = np.empty(total, dtype=np.int64)
+    nv = versions.shape[0]
+    t = 0
+    for j in range(starts.shape[0]):
+        for e in range(starts[j], ends[j]):
+            vid = recs_u[e, 0]
+            out[t] = vid2ext[vid] if vid < nv and versions[vid] == recs_u[e, 1] else -1
+            t += 1
+    return out
+
+
+@nb.njit(**_q)
+def scan_grouped(recs_f, starts, ends, ids, id_starts, q_lo, q_hi, q_idx, queries, metric, heap_d, heap_i, sizes):
     """Scan each posting once for every query that wants it, posting-major so a posting stays
-    in cache while its queries run over it. ``ids``: per record its external id, -1 when it
-    is not live (``live_ids``). Heaps ``heap_d/heap_i (nq, k)`` and ``sizes`` carry
-    over between calls, so a batch can be scanned in pieces."""
+    in cache while its queries run over it. Posting ``p`` is records ``starts[p]:ends[p]``
+    of ``recs_f``, with ids from ``ids[id_starts[p]]`` on (per record its external id, -1
+    when it is not live: ``live_ids``), wanted by queries ``q_idx[q_lo[p]:q_hi[p]]``. Heaps
+    ``heap_d/heap_i (nq, k)`` and ``sizes`` carry over between calls, so a batch can be
+    scanned in pieces."""
     d = queries.shape[1]
-    for p in range(post_off.shape[0] - 1):
-        e0 = post_off[p]
-        e1 = post_off[p + 1]
-        for t in range(q_ptr[p], q_ptr[p + 1]):
+    for p in range(starts.shape[0]):
+        e0 = starts[p]
+        e1 = ends[p]
+        shift = id_starts[p] - e0
+        for t in range(q_lo[p], q_hi[p]):
             qi = q_idx[t]
             q = queries[qi]
             hd = heap_d[qi]
@@ -98,7 +119,7 @@ def scan_grouped(recs_f, ids, post_off, q_ptr, q_idx, queries, metric, heap_d, h
             size = sizes[qi]
             worst = hd[0] if size == hd.shape[0] else np.float32(np.inf)
             for e in range(e0, e1):
-                ext = ids[e]
+                ext = ids[e + shift]
                 if ext < 0:
                     continue
                 s = np.float32(0.0)

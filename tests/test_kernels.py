@@ -214,7 +214,8 @@ def test_scan_filters_versions_and_dedupes_replicas():
     hd = np.empty((3, k), np.float32)
     hi = np.empty((3, k), np.int64)
     sizes = np.zeros(3, np.int32)
-    scan.scan_grouped(recs_f, live, offsets, q_ptr, q_idx, queries, distances.L2, hd, hi, sizes)
+    scan.scan_grouped(recs_f, offsets[:-1], offsets[1:], live, offsets[:-1], q_ptr[:-1], q_ptr[1:], q_idx, queries,
+                      distances.L2, hd, hi, sizes)
     scan.finish(hd, hi, sizes)
     alive = [v for v in range(n_vids) if not versions[v] & 0x80]
     for qi in range(3):

@@ -1,8 +1,10 @@
 """PostingStore implementations: same semantics, RocksDB persists them."""
 from __future__ import annotations
 
+import itertools
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -216,7 +218,7 @@ def test_rocks_refuses_a_chunk_that_is_not_whole_records_and_keeps_nothing_of_it
     s = RocksStore(path, record_size=RS, cache_bytes=1 << 22, create=False)
     with pytest.raises(CorruptionError, match="not a whole number"):
         read_vids(s, [1, 0])
-    assert not s._kept  # nothing of the failed read is kept
+    assert not s._kept.entries()  # nothing of the failed read is kept
     assert read_vids(s, [1]) == [[3]]
     s.close()
 
@@ -281,7 +283,7 @@ def test_rocks_rereads_only_the_chunks_appended_since_a_posting_was_read(tmp_pat
     s.commit(Change(appends={1: recs([14])}), IOClass.UPDATE)
     assert read_vids(s, [1, 0]) == [[13, 14], [8, 9, 12]]
     assert fetched[-2:] == [3, 2]  # posting 0 moved, then posting 1 (posting 0 kept since)
-    assert s.stats()["kept_bytes"] == sum(len(t[2]) for t in s._kept.values()) > 0
+    assert s.stats()["kept_bytes"] == sum(t[3] for t in s._kept.entries().values()) * RS > 0
     s.close()
 
 
@@ -290,8 +292,8 @@ def test_rocks_kept_postings_stay_within_their_share_of_the_cache(tmp_path):
     for v in range(6):
         s.commit(Change(appends={0: recs([v]), 1: recs([100 + v])}), IOClass.UPDATE)
         assert read_vids(s, [0, 1]) == [list(range(v + 1)), [100 + w for w in range(v + 1)]]
-        assert s._kept_bytes <= 2 * RS
-        assert s._kept_bytes == sum(len(t[2]) for t in s._kept.values())
+        assert s._kept.live_bytes <= 2 * RS
+        assert s._kept.live_bytes == sum(t[3] for t in s._kept.entries().values()) * RS
     s.close()
 
 
@@ -302,13 +304,14 @@ def test_rocks_keeps_whole_postings_while_there_is_room_then_only_tails(tmp_path
     s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=8 * RS, create=True)  # share: 2 records
     s.commit(Change(appends={p: recs([p]) for p in range(3)}), IOClass.UPDATE)
     s.read(np.arange(3), IOClass.BACKGROUND)
-    assert not s._kept  # whole postings are kept from searches only
+    assert not s._kept.entries()  # whole postings are kept from searches only
     assert read_vids(s, [0, 1, 2]) == [[0], [1], [2]]
-    assert list(s._kept) == [0, 1] and s._kept_bytes == 2 * RS  # no room for posting 2
+    assert list(s._kept.entries()) == [0, 1] and s._kept.live_bytes == 2 * RS  # no room for posting 2
     s.commit(Change(appends={2: recs([3])}), IOClass.UPDATE)
     assert read_vids(s, [2]) == [[2, 3]]
-    assert list(s._kept) == [1, 2] and s._kept_bytes == 2 * RS and not s._kept[2][3]  # 2's tail pushed 0 out
-    assert not s._keep_whole  # and no whole posting is kept from now on
+    kept = s._kept.entries()
+    assert list(kept) == [1, 2] and s._kept.live_bytes == 2 * RS and not kept[2][2]  # 2's tail pushed 0 out
+    assert not s._kept.keep_whole  # and no whole posting is kept from now on
     fetched = _counting(s)
     assert read_vids(s, [2, 1, 0]) == [[2, 3], [1], [0]]
     assert fetched == [2]  # posting 2's first chunk and posting 0; posting 1 whole from memory
@@ -317,7 +320,8 @@ def test_rocks_keeps_whole_postings_while_there_is_room_then_only_tails(tmp_path
     s.commit(Change(appends={1: recs([4])}), IOClass.UPDATE)
     assert read_vids(s, [1]) == [[1, 4]] and read_vids(s, [1]) == [[1, 4]]
     assert fetched == [2, 1]  # the appended chunk, once
-    assert list(s._kept)[-1] == 1 and s._kept[1][3] and s._kept_bytes <= 2 * RS
+    kept = s._kept.entries()
+    assert list(kept)[-1] == 1 and kept[1][2] and s._kept.live_bytes <= 2 * RS
     s.close()
 
 
@@ -332,7 +336,7 @@ def test_rocks_read_that_races_a_commit_to_a_posting_it_knows_reads_it_right(tmp
     s.commit(Change(appends={0: recs([1]), 1: recs([5])}), IOClass.UPDATE)
     s.commit(Change(appends={0: recs([2])}), IOClass.UPDATE)
     assert read_vids(s, [0]) == [[1, 2]]
-    assert s._kept[0][3] == (held == "whole")
+    assert s._kept.entries()[0][2] == (held == "whole")
     s.commit(Change(appends={0: recs([3])}), IOClass.UPDATE)
     change = {"appends": Change(appends={0: recs([9])}), "replaces": Change(replaces={0: recs([9])}),
               "drops": Change(drops=[0])}[kind]
@@ -354,16 +358,109 @@ def test_rocks_read_that_races_a_commit_to_a_posting_it_knows_reads_it_right(tmp
     s.close()
 
 
-def test_rocks_search_does_not_wait_for_another_read_keeping_postings(tmp_path):
-    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
-    s.commit(Change(appends={0: recs([1])}), IOClass.UPDATE)
-    s.commit(Change(appends={0: recs([2])}), IOClass.UPDATE)
-    got = []
-    with s._kept_lock:  # another read is adding what it learnt
-        t = threading.Thread(target=lambda: got.append(read_vids(s, [0])))
-        t.start()
-        t.join(5)
-        assert not t.is_alive() and got == [[[1, 2]]]
-        assert not s._kept  # it skipped learning rather than wait
-    assert read_vids(s, [0]) == [[1, 2]] and 0 in s._kept
+def _rows(n, first):
+    """``n`` records of vids ``first..`` as bytes."""
+    return recs(range(first, first + n))
+
+
+def test_kept_ring_evicts_oldest_first_and_never_wraps_an_entry():
+    from vindex.storage.kept import KeptPostings
+
+    k = KeptPostings(10 * RS, RS)
+    assert k.keep([(p, 1, 0, True, _rows(3, 10 * p)) for p in range(4)], evict=False) == [True, True, True, False]
+    assert list(k.entries()) == [0, 1, 2] and k.live_bytes == 9 * RS
+    assert k.keep([(3, 1, 0, False, _rows(3, 30))], evict=True) == [True]  # rows 0-2 again: 0 goes
+    assert list(k.entries()) == [1, 2, 3] and not k.keep_whole
+    assert k.keep([(4, 1, 0, False, _rows(11, 40))], evict=True) == [False]  # larger than the ring
+    found, token = k.find(np.array([3, 0, 2, 99]))
+    assert found[1, 0] == -1 and found[3, 0] == -1 and token
+    views = {p: k.view(int(found[i, 0]), int(found[i, 1])) for i, p in ((0, 3), (2, 2))}
+    assert views[3][:, 0].tolist() == [30, 31, 32] and views[2][:, 0].tolist() == [20, 21, 22]
+    k.release(token)
+
+
+def test_kept_ring_never_overwrites_rows_a_reader_holds():
+    from vindex.storage.kept import KeptPostings
+
+    k = KeptPostings(6 * RS, RS)
+    k.keep([(0, 1, 0, True, _rows(3, 0)), (1, 1, 0, True, _rows(3, 10))], evict=False)
+    found, token = k.find(np.array([0]))  # a search scanning posting 0 in place
+    assert k.keep([(2, 1, 0, False, _rows(2, 20))], evict=True) == [False]  # would overwrite posting 0
+    assert k.view(int(found[0, 0]), 3)[:, 0].tolist() == [0, 1, 2]
+    k.release(token)
+    assert k.keep([(2, 1, 0, False, _rows(2, 20))], evict=True) == [True]
+    assert list(k.entries()) == [1, 2]
+    k.release(token)  # a second release is harmless
+
+
+def test_rocks_search_reads_kept_postings_in_place_and_holds_them_until_released(tmp_path):
+    """A search's read leaves postings kept whole and unchanged where they are kept; other
+    reads meanwhile cannot overwrite them, and the rows read are what a full read returns."""
+    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=16 * RS, create=True)  # share: 4 records
+    s.commit(Change(appends={0: recs([1, 2]), 1: recs([3]), 2: recs([4])}), IOClass.UPDATE)
+    s.commit(Change(appends={2: recs([5])}), IOClass.UPDATE)
+    assert read_vids(s, [0, 1, 2]) == [[1, 2], [3], [4, 5]]  # 0 and 1 kept whole, 2 has no room
+    batch = s.read(np.array([2, 0, 1]), IOClass.INTERACTIVE, in_place=True)
+    held = batch.in_place
+    assert held.index.tolist() == [1, 2]  # 0 and 1 in place; 2 read into the buffer
+    assert [held.rows[a:b, 0].tolist() for a, b in zip(held.starts, held.ends)] == [[1, 2], [3]]
+    _, words = records.view(batch.data, DIM)
+    assert words[:, 0].tolist() == [4, 5] and batch.offsets.tolist() == [0, 2]
+    for v in range(6, 12):  # tails that would push 0 and 1 out
+        s.commit(Change(appends={2: recs([v])}), IOClass.UPDATE)
+        read_vids(s, [2])
+    assert [held.rows[a:b, 0].tolist() for a, b in zip(held.starts, held.ends)] == [[1, 2], [3]]
+    held.release()
+    s.commit(Change(appends={2: recs([12])}), IOClass.UPDATE)
+    assert read_vids(s, [2]) == [list(range(4, 13))]
+    assert 2 in s._kept.entries()  # kept once nothing held the rows
     s.close()
+
+
+def test_kept_ring_under_threads_never_changes_an_entry_a_reader_holds(monkeypatch):
+    """Threads keeping entries (the ring small, so it wraps and grows) while others find and
+    hold them: every entry found reads as it was kept until its reader releases it."""
+    from vindex.storage import kept
+    from vindex.storage.kept import ROWS, SPAN, START, KeptPostings
+
+    rs = 16
+    monkeypatch.setattr(kept, "INITIAL_BYTES", 8 * rs)
+    k = KeptPostings(40 * rs, rs)  # 8 rows, growing to 40
+    stamp = itertools.count(1)
+    errors, stop = [], threading.Event()
+
+    def keeper(seed):
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            batch = []
+            for _ in range(rng.integers(1, 4)):
+                n, value = int(rng.integers(1, 6)), next(stamp)
+                batch.append((int(rng.integers(0, 30)), value, 0, True,
+                              np.full(n * rs // 4, value, np.uint32).tobytes()))
+            k.keep(batch, evict=bool(rng.integers(0, 2)))
+
+    def reader(seed):
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            found, token = k.find(rng.choice(30, 5, replace=False).astype(np.int64))
+            try:
+                rows = [(int(r[START]), int(r[ROWS]), int(r[SPAN])) for r in found if r[START] >= 0]
+                for _ in range(3):
+                    for start, n, value in rows:
+                        got = k.view(start, n)
+                        if got.shape[0] != n or (got != value).any():
+                            errors.append((start, n, value, got.ravel()[:4].tolist()))
+                    time.sleep(0)
+            finally:
+                k.release(token)
+
+    threads = [threading.Thread(target=keeper, args=(s,)) for s in (1, 2)]
+    threads += [threading.Thread(target=reader, args=(s,)) for s in (3, 4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert next(stamp) > 100 and k.live_rows <= 40 and k.rows.shape[0] > 8

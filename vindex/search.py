@@ -14,7 +14,7 @@ from .heads import HeadGraph, scratch
 from .idmap import IdMap
 from .iosched import DeadlineExpired
 from .readers import Readers
-from .storage import IOClass, PostingStore, records
+from .storage import IOClass, PostingBatch, PostingStore, records
 
 #: Postings per store read; bounds the bytes held at once (~25 KB each by default).
 READ_CHUNK = 2048
@@ -70,16 +70,48 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings,
             if graph.generation != generation and not last:
                 return None
             try:
-                batch = store.read(pids[lo:hi], io, deadline=deadline, tenant=tenant)
+                batch = store.read(pids[lo:hi], io, deadline=deadline, tenant=tenant, in_place=True)
             except DeadlineExpired:
                 dropped += hi - lo
                 continue
-            # the map arrays change (in place, too) only under the exclusive side of this section
-            recs_f, recs_u = records.view(batch.data, dim)
-            ids = kernels.live_ids(recs_u, idmap.versions, idmap.vid2ext)
+            try:  # the map arrays change (in place, too) only under the exclusive side of this section
+                parts = _parts(batch, dim, idmap, kernels)
+            except BaseException:
+                if batch.in_place is not None:
+                    batch.in_place.release()
+                raise
         postings += hi - lo
-        scanned += int(np.dot(np.diff(batch.offsets), np.diff(q_ptr[lo:hi + 1])))
-        kernels.scan_grouped(recs_f, ids, batch.offsets, q_ptr[lo:hi + 1], q_idx, queries, metric,
-                             heap_d, heap_i, sizes)
+        try:
+            for recs_f, starts, ends, ids, id_starts, at in parts:
+                q_lo, q_hi = q_ptr[lo:hi], q_ptr[lo + 1:hi + 1]
+                if at is not None:
+                    q_lo, q_hi = q_lo[at], q_hi[at]
+                scanned += int(np.dot(ends - starts, q_hi - q_lo))
+                kernels.scan_grouped(recs_f, starts, ends, ids, id_starts, q_lo, q_hi, q_idx, queries, metric,
+                                     heap_d, heap_i, sizes)
+        finally:
+            if batch.in_place is not None:
+                batch.in_place.release()
     kernels.finish(heap_d, heap_i, sizes)
     return heap_i, heap_d, {"postings": postings, "records_scanned": scanned, "postings_dropped": dropped}
+
+
+def _parts(batch: PostingBatch, dim: int, idmap: IdMap, kernels) -> list[tuple]:
+    """What to scan of one read: ``(records as float32, starts, ends, live ids, the ids'
+    starts, positions of these postings in the read or None for all)``: the postings read
+    into the buffer, and those the store left where it keeps them."""
+    recs_f, recs_u = records.view(batch.data, dim)
+    starts, ends = batch.offsets[:-1], batch.offsets[1:]
+    ids = kernels.live_ids(recs_u, idmap.versions, idmap.vid2ext)
+    kept = batch.in_place
+    if kept is None:
+        return [(recs_f, starts, ends, ids, starts, None)]
+    kept_ids = kernels.live_ids_ranges(kept.rows, kept.starts, kept.ends, idmap.versions, idmap.vid2ext)
+    id_starts = np.zeros(kept.starts.shape[0], dtype=np.int64)
+    np.cumsum((kept.ends - kept.starts)[:-1], out=id_starts[1:])
+    parts = [(kept.rows.view(np.float32), kept.starts, kept.ends, kept_ids, id_starts, kept.index)]
+    if starts.shape[0]:
+        rest = np.ones(starts.shape[0] + kept.index.shape[0], dtype=bool)
+        rest[kept.index] = False
+        parts.append((recs_f, starts, ends, ids, starts, np.flatnonzero(rest)))
+    return parts

@@ -7,10 +7,10 @@ last checkpoint plus the log. Every call names the I/O class it serves.
 """
 from __future__ import annotations
 
-from .base import Change, IOClass, PostingBatch, PostingStore
+from .base import Change, InPlace, IOClass, PostingBatch, PostingStore
 from .memory import MemoryStore
 
-__all__ = ["Change", "IOClass", "PostingBatch", "PostingStore", "MemoryStore", "open_store"]
+__all__ = ["Change", "InPlace", "IOClass", "PostingBatch", "PostingStore", "MemoryStore", "open_store"]
 
 
 def open_store(kind: str, path: str, *, record_size: int, cache_bytes: int, create: bool,

@@ -21,16 +21,31 @@ class IOClass(str, enum.Enum):
 
 
 @dataclass
+class InPlace:
+    """Postings a read with ``in_place=True`` left where the store keeps them in memory:
+    posting ``pids[index[j]]`` is ``rows[starts[j]:ends[j]]``. The rows stay as they are
+    until ``release()``, which the reader must call once done with them."""
+
+    rows: np.ndarray  # (R, record words) uint32
+    index: np.ndarray  # int64 positions in the read's pids
+    starts: np.ndarray  # int64
+    ends: np.ndarray  # int64
+    release: Callable[[], None]
+
+
+@dataclass
 class PostingBatch:
     """Postings read in one call: records of posting ``i`` are records
-    ``offsets[i]:offsets[i+1]`` of ``data`` (offsets count records, not bytes).
+    ``offsets[i]:offsets[i+1]`` of ``data`` (offsets count records, not bytes). With
+    ``in_place`` set, ``data`` holds only the other postings, in the order of the read's pids.
 
     ``data`` is a uint8 array that may live in a per-thread buffer: it stays valid until the
     same thread's next read from the same store.
     """
 
     data: np.ndarray
-    offsets: np.ndarray  # int64, len(pids) + 1
+    offsets: np.ndarray  # int64, postings in data + 1
+    in_place: InPlace | None = None
 
 
 class ReadBuffers(threading.local):
@@ -66,11 +81,12 @@ class PostingStore(Protocol):
     scheduler: "IOScheduler | None"
 
     def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,
-             tenant: str = "default") -> PostingBatch:
+             tenant: str = "default", in_place: bool = False) -> PostingBatch:
         """Read postings ``pids`` (any order, no duplicates) in one call, queued by class
         ``io`` for ``tenant``. A request still queued at ``deadline`` (``time.monotonic()``
         seconds) is dropped: ``iosched.DeadlineExpired``. The bytes land in a buffer of the
-        calling thread."""
+        calling thread. ``in_place``: the store may leave postings it keeps in memory where
+        they are (``PostingBatch.in_place``) instead of copying them."""
 
     def commit(self, change: Change, io: IOClass) -> int:
         """Apply ``change`` atomically; returns the log sequence number (0 if no log)."""

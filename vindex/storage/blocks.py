@@ -430,7 +430,7 @@ class BlockStore:
 
     # --- reads --------------------------------------------------------------------------------
     def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,
-             tenant: str = "default") -> PostingBatch:
+             tenant: str = "default", in_place: bool = False) -> PostingBatch:
         """Read postings ``pids`` in one request of class ``io`` (see ``PostingStore.read``)."""
         self._check_open()
         pids = np.asarray(pids, dtype=np.int64).reshape(-1)

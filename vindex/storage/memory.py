@@ -24,7 +24,7 @@ class MemoryStore:
         self.reads = 0
 
     def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,
-             tenant: str = "default") -> PostingBatch:
+             tenant: str = "default", in_place: bool = False) -> PostingBatch:
         parts: list[bytes] = []
         offsets = np.zeros(len(pids) + 1, dtype=np.int64)
         with self._lock:

@@ -7,9 +7,9 @@ Layout, one RocksDB directory with column families:
   write traffic); a replace folds a posting into one chunk, at a key outside the posting's
   current chunks. Readers fetch every chunk of every wanted posting with one multi-get,
   which releases the GIL; what they read they also keep in memory (within ``KEPT_SHARE`` of
-  the cache): whole postings while there is room, else what follows a posting's first
-  chunk, so that the next read of the posting fetches only its first chunk, if that, and
-  the chunks appended since.
+  the cache, see ``kept``): whole postings while there is room, else what follows a
+  posting's first chunk, so that the next read of the posting fetches only its first chunk,
+  if that, and the chunks appended since. A search scans a posting kept whole where it lies.
 * ``pdir``: key pid -> ``(chunks u32, records u32, first chunk u32)``, the posting directory
   (the posting is chunks ``first .. first + chunks - 1``; values of stores written before
   ``first`` existed are 8 bytes, and mean ``first = 0``), updated in the same WriteBatch as
@@ -32,7 +32,6 @@ import os
 import struct
 import threading
 import time
-from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -42,8 +41,9 @@ from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, Env, Memtabl
 
 from ..errors import CorruptionError, IndexLockedError, StorageError
 from ..iosched import IOScheduler
-from .base import Change, IOClass, PostingBatch, ReadBuffers
+from .base import Change, InPlace, IOClass, PostingBatch, ReadBuffers
 from .directory import Lengths
+from .kept import GEN, ROWS, SEQ, SPAN, START, KeptPostings
 
 _CFS = ("postings", "pdir", "log")
 _PDIR = struct.Struct(">III")  # posting directory value: (chunks, records, first chunk)
@@ -65,8 +65,6 @@ READ_ATTEMPTS = 1000
 #: Share of ``cache_bytes`` (on top of the block cache) that postings read may take in
 #: memory (see ``RocksStore._kept``).
 KEPT_SHARE = 0.25
-#: Postings a read adds to those kept in memory per hold of their lock.
-LEARN_SLICE = 64
 _CHUNKS_MASK = (1 << 32) - 1
 
 
@@ -129,17 +127,24 @@ def _options(cache: Cache, create: bool, io_scheduler: str) -> tuple[Options, di
 
 
 class _ReadPlan:
-    """One read's keys and how its chunks make up its postings (see ``RocksStore.read``)."""
+    """One read's keys and how its chunks make up its postings (see ``RocksStore.read``).
+    Per-posting lists cover the postings gathered into the read's buffer: all of them, or
+    with ``in_place`` those not left where they are kept."""
 
-    __slots__ = ("keys", "counts", "held", "leads", "from_memory", "learn")
+    __slots__ = ("keys", "counts", "held", "leads", "from_memory", "learn", "pids", "gens", "in_place")
 
     def __init__(self) -> None:
         self.keys: list[bytes] = []
         self.counts: list[int] = []  # keys fetched per posting
-        self.held: list[bytes | None] = []  # per posting: chunks of it from memory
+        self.held: list[np.ndarray | None] = []  # per posting: chunks of it from memory
         self.leads: list[bool] = []  # per posting: they include its first chunk
         self.from_memory = False  # any posting's chunks came from memory
         self.learn: list[tuple[int, int, int]] = []  # (posting index, span word, its first key's index)
+        self.pids: list[int] = []
+        self.gens: list[int] = []
+        # postings kept whole and unchanged, left in memory: (positions in the read, their
+        # first rows, rows, entry numbers)
+        self.in_place: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 class RocksStore:
@@ -169,8 +174,8 @@ class RocksStore:
         self._spans = Lengths()
         self._lengths = Lengths()
         self._dir_version = 0
-        # What readers found of postings: pid -> (generation, span word of the chunks read,
-        # their bytes, whether those include the first chunk). A read then fetches only the
+        # What readers found of postings, per pid: generation, span word of the chunks read,
+        # their records, whether those include the first chunk. A read then fetches only the
         # chunks appended since (and the first, if not held): a flat-out ingest appends a
         # chunk to most postings per batch, faster than the background folds them, and a
         # multi-get's cost grows with its keys (~400 for 32 postings instead of 32 took
@@ -178,11 +183,7 @@ class RocksStore:
         # vectors, 100 queries at max_postings 16: 19.0 to 11.9 us a query). Chunks never
         # change while a posting keeps its first chunk; a replace or drop moves it and bumps
         # ``_gens``. See ``_keep`` for what is kept.
-        self._kept: OrderedDict[int, tuple[int, int, bytes, bool]] = OrderedDict()  # oldest learnt first
-        self._kept_bytes = 0
-        self._kept_cap = int(cache_bytes * KEPT_SHARE)
-        self._kept_lock = threading.Lock()
-        self._keep_whole = True  # until the share first overflows
+        self._kept = KeptPostings(int(cache_bytes * KEPT_SHARE), record_size)
         self._gens = Lengths()
         self._load_directory()
         self._seq = self._last_seq()
@@ -210,62 +211,106 @@ class RocksStore:
 
     # --- reads --------------------------------------------------------------------------------
     def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,
-             tenant: str = "default") -> PostingBatch:
+             tenant: str = "default", in_place: bool = False) -> PostingBatch:
         pids = np.asarray(pids, dtype=np.int64)
-        whole = False
-        for attempt in range(READ_ATTEMPTS):
-            version = self._dir_version
-            gens = self._gens.get(pids)
-            plan = self._chunk_keys(pids, gens, self._kept if attempt == 0 else {})
-            keys = plan.keys
-            if keys:
-                values = self._io.run(io, lambda: self._multi_get(keys), tenant=tenant, deadline=deadline,
-                                      cost=len(pids))
+        kept = self._kept
+        token = 0
+        try:
+            whole = False
+            for attempt in range(READ_ATTEMPTS):
+                version = self._dir_version
+                gens = self._gens.get(pids)
+                found = None
+                if attempt == 0 and kept.capacity:
+                    found, token = kept.find(pids)
+                plan = self._chunk_keys(pids, gens, found, in_place)
+                keys = plan.keys
+                if keys:
+                    values = self._io.run(io, lambda: self._multi_get(keys), tenant=tenant, deadline=deadline,
+                                          cost=len(pids))
+                else:
+                    values = []
+                    if len(pids):
+                        self._io.admit(tenant, len(pids))
+                # a replace moves a posting to new keys and deletes the old ones in one batch: a
+                # read that resolved the keys before it and fetched after finds them gone; a read
+                # that took chunks from memory also checks that their posting was not moved meanwhile
+                still = version % 2 == 0 and version == self._dir_version
+                if (still or not plan.from_memory or self._unmoved(pids, gens)) and (still or None not in values):
+                    whole = True
+                    break
+                kept.release(token)
+                token = 0
+                time.sleep(0)  # let the commit update the directory
+            data, offsets = self._gather(values, plan)
+            # what was copied is free again (else what this read keeps could not push it out)
+            if plan.in_place is None:
+                kept.release(token)
+                token = 0
             else:
-                values = []
-                if len(pids):
-                    self._io.admit(tenant, len(pids))
-            # a replace moves a posting to new keys and deletes the old ones in one batch: a
-            # read that resolved the keys before it and fetched after finds them gone; a read
-            # that took chunks from memory also checks that their posting was not moved meanwhile
-            still = version % 2 == 0 and version == self._dir_version
-            if (still or not plan.from_memory or self._unmoved(pids, gens)) and (still or None not in values):
-                whole = True
-                break
-            time.sleep(0)  # let the commit update the directory
-        data, offsets = self._gather(values, plan)
-        if whole and plan.learn and self._kept_cap:
-            self._keep(pids, gens, plan, values, data, offsets, search=io is IOClass.INTERACTIVE)
-        self.reads += len(pids)
-        self.read_bytes += data.shape[0]
-        return PostingBatch(data, offsets)
+                kept.repin(token, int(plan.in_place[3].min()))
+            if whole and plan.learn and kept.capacity:
+                self._keep(plan, values, data, offsets, search=io is IOClass.INTERACTIVE)
+            self.reads += len(pids)
+            self.read_bytes += data.shape[0]
+            if plan.in_place is None:
+                return PostingBatch(data, offsets)
+            index, starts, rows, _ = plan.in_place
+            self.read_bytes += int(rows.sum()) * self.record_size
+            held, token = token, 0  # released by the caller, through the batch
+            return PostingBatch(data, offsets, InPlace(kept.rows, index, starts, starts + rows,
+                                                       lambda: kept.release(held)))
+        finally:
+            kept.release(token)
 
-    def _chunk_keys(self, pids: np.ndarray, gens: np.ndarray, kept: dict) -> "_ReadPlan":
+    def _chunk_keys(self, pids: np.ndarray, gens: np.ndarray, found: np.ndarray | None, in_place: bool
+                    ) -> "_ReadPlan":
         """The keys to fetch, from the directory as it is now: every chunk of each posting,
-        or only those appended since ``kept`` learnt the rest."""
+        or only those appended since what ``found`` (the kept entries' table rows) holds. With
+        ``in_place``, postings kept whole and unchanged are left where they are."""
         spans_arr = self._spans.array()
         if pids.size and int(pids.max()) >= spans_arr.shape[0]:  # heads never written to
             spans = self._spans.get(pids)
         else:
             spans = spans_arr[pids]
+        plan = _ReadPlan()
+        chunks = spans & _CHUNKS_MASK
+        rest: int | np.ndarray = pids.shape[0]  # the postings to gather: all, or these positions
+        if found is None:
+            usable = np.zeros(pids.shape[0], dtype=bool)
+        else:  # entries of the posting as it is now: same generation and first chunk, no chunk since dropped
+            kspan, kgen = found[:, SPAN], found[:, GEN]
+            usable = ((found[:, START] >= 0) & (kgen >> 1 == gens) & (kspan >> 32 == spans >> 32)
+                      & (kspan & _CHUNKS_MASK <= chunks) & (chunks > 0))
+            plan.from_memory = bool(usable.any())
+            if in_place and plan.from_memory:
+                full = usable & (kgen & 1 == 1) & (kspan & _CHUNKS_MASK == chunks)
+                if full.any():
+                    index = np.flatnonzero(full)
+                    plan.in_place = (index, found[index, START], found[index, ROWS], found[index, SEQ])
+                    rest = np.flatnonzero(~full)
         # Plain Python lists: for the few postings of one query, numpy call overheads would
         # cost more than the loop; for a large batch the loop stays far below the read itself.
-        pack = _KEY.pack
-        plan = _ReadPlan()
+        pack, view = _KEY.pack, self._kept.view_bytes
         keys, counts, held, leads, learn = plan.keys, plan.counts, plan.held, plan.leads, plan.learn
-        for i, (pid, span, gen) in enumerate(zip(pids.tolist(), spans.tolist(), gens.tolist())):
+        if isinstance(rest, int):
+            columns = (pids.tolist(), spans.tolist(), gens.tolist(), usable.tolist())
+            kept_rows = found.tolist() if found is not None else [None] * rest
+        else:
+            columns = (pids[rest].tolist(), spans[rest].tolist(), gens[rest].tolist(), usable[rest].tolist())
+            kept_rows = found[rest].tolist()
+        plan.pids, plan.gens = columns[0], columns[2]
+        for i, (pid, span, gen, use, t) in enumerate(zip(*columns, kept_rows)):
             c = span & _CHUNKS_MASK
-            t = kept.get(pid) if c else None
-            if t is not None and t[0] == gen and t[1] >> 32 == span >> 32 and t[1] & _CHUNKS_MASK <= c:
-                known, f = t[1] & _CHUNKS_MASK, span >> 32
-                held.append(t[2])
-                leads.append(t[3])
-                plan.from_memory = True
-                if t[3] and known == c:
+            if use:
+                known, f, lead = t[SPAN] & _CHUNKS_MASK, span >> 32, bool(t[GEN] & 1)
+                held.append(view(t[START], t[ROWS]))
+                leads.append(lead)
+                if lead and known == c:
                     counts.append(0)
                     continue
                 k0 = len(keys)
-                if not t[3]:  # what is held follows the first chunk
+                if not lead:  # what is held follows the first chunk
                     keys.append(pack(pid, f))
                 keys.extend(pack(pid, j) for j in range(f + known, f + c))
                 counts.append(len(keys) - k0)
@@ -292,65 +337,41 @@ class RocksStore:
             time.sleep(0)
         return False
 
-    def _keep(self, pids: np.ndarray, gens: np.ndarray, plan: "_ReadPlan", values: list, data: np.ndarray,
-              offsets: np.ndarray, *, search: bool) -> None:
+    def _keep(self, plan: "_ReadPlan", values: list, data: np.ndarray, offsets: np.ndarray, *, search: bool
+              ) -> None:
         """Keep in memory what this read fetched of postings.
 
-        A whole posting a search read is kept while there is room (a posting in one chunk as
-        the value fetched, no copy); a read of it then needs no multi-get. (Other reads are
-        mostly of postings about to be rewritten.) Once the postings read outgrow the share,
-        a posting in several chunks keeps only what follows its first chunk, pushing the
-        oldest kept out, since each of those chunks is another key for the multi-get; and
-        from the first time that happens no posting is newly kept whole (one already kept
-        whole that a search finds grown is kept whole again, as the newest). Turning whole
-        postings over costs every read and finds few again (200k vectors, a 16 MiB share,
-        batch-1 searches of 32 postings: p50 0.36-0.39 ms against 0.30-0.32 ms keeping none;
-        after 200k more were upserted, 0.81-0.82 ms keeping whole postings in the room the
-        tails' turnover leaves, 0.70-0.71 ms not, 0.71-0.75 ms keeping only tails as before).
-
-        A search skips this when another read holds the lock; other reads take it for
-        ``LEARN_SLICE`` postings at a time, so a search never waits long for it."""
-        rs = self.record_size
-        room = self._kept_cap - self._kept_bytes if search and self._keep_whole else 0  # a hint: no lock held
-        offs, pid_list, gen_list = offsets.tolist(), pids.tolist(), gens.tolist()
-        learn, learnt = plan.learn, []
-        if room > 0:
-            rest = []
-            for i, span, k0 in learn:
-                start, end = offs[i] * rs, offs[i + 1] * rs
-                if end - start > room:
-                    rest.append((i, span, k0))
-                    continue
-                room -= end - start
-                value = values[k0]  # a posting fetched in one chunk: the value itself, no copy
-                if span & _CHUNKS_MASK > 1 or plan.held[i] is not None or value is None:
-                    value = data[start:end].tobytes()
-                learnt.append((pid_list[i], (gen_list[i], span, value, True)))
-            learn = rest
+        A whole posting a search read is kept while there is room; a read of it then needs no
+        multi-get, and a search scans it where it lies. (Other reads are mostly of postings
+        about to be rewritten.) Once the postings read outgrow the share, a posting in several
+        chunks keeps only what follows its first chunk, pushing the oldest kept out, since
+        each of those chunks is another key for the multi-get; and from the first time that
+        happens no posting is newly kept whole (one already kept whole that a search finds
+        grown is kept whole again, as the newest). Turning whole postings over costs every
+        read and finds few again (200k vectors, a 16 MiB share, batch-1 searches of 32
+        postings: p50 0.36-0.39 ms against 0.30-0.32 ms keeping none; after 200k more were
+        upserted, 0.81-0.82 ms keeping whole postings in the room the tails' turnover leaves,
+        0.70-0.71 ms not, 0.71-0.75 ms keeping only tails as before)."""
+        rs, kept = self.record_size, self._kept
+        offs, pids, gens, learn = offsets.tolist(), plan.pids, plan.gens, plan.learn
+        if search and kept.keep_whole:
+            placed = kept.keep([(pids[i], span, gens[i], True, data[offs[i] * rs:offs[i + 1] * rs])
+                                for i, span, _ in learn], evict=False)
+            learn = [entry for entry, kept_it in zip(learn, placed) if not kept_it]
         leads = plan.leads
-        if search:  # a posting held whole that grew stays whole: else every read of it would
-            # fetch all the chunks appended since, more with each append, until it is rewritten
-            learnt += [(pid_list[i], (gen_list[i], span, data[offs[i] * rs:offs[i + 1] * rs].tobytes(), True))
-                       for i, span, _ in learn if leads[i]]  # leads: held whole
-        # the rest: what follows the first chunk of postings in several
-        tails = [(i, span, offs[i] * rs + len(values[k0])) for i, span, k0 in learn
-                 if span & _CHUNKS_MASK > 1 and not leads[i] and values[k0] is not None]
-        learnt += [(pid_list[i], (gen_list[i], span, data[start:offs[i + 1] * rs].tobytes(), False))
-                   for i, span, start in tails]
-        kept = self._kept
-        for lo in range(0, len(learnt), LEARN_SLICE):
-            if not self._kept_lock.acquire(blocking=not search):
-                return
-            try:
-                for pid, entry in learnt[lo:lo + LEARN_SLICE]:
-                    old = kept.pop(pid, None)
-                    self._kept_bytes += len(entry[2]) - (len(old[2]) if old is not None else 0)
-                    kept[pid] = entry
-                while self._kept_bytes > self._kept_cap:
-                    self._kept_bytes -= len(kept.popitem(last=False)[1][2])
-                    self._keep_whole = False
-            finally:
-                self._kept_lock.release()
+        # a posting held whole that grew stays whole: else every read of it would fetch all
+        # the chunks appended since, more with each append, until it is rewritten
+        again = [(pids[i], span, gens[i], True, data[offs[i] * rs:offs[i + 1] * rs])
+                 for i, span, _ in learn if leads[i]] if search else []
+        # the rest: what follows the first chunk of postings in several, unless that is held
+        held, tails = plan.held, []
+        for i, span, k0 in learn:
+            if span & _CHUNKS_MASK > 1 and not leads[i] and values[k0] is not None:
+                tail = data[offs[i] * rs + len(values[k0]):offs[i + 1] * rs]
+                if held[i] is None or len(held[i]) < len(tail):
+                    tails.append((pids[i], span, gens[i], False, tail))
+        if again or tails:
+            kept.keep(again + tails, evict=True)
 
     @property
     def scheduler(self) -> IOScheduler:
@@ -548,13 +569,15 @@ class RocksStore:
             "reads": self.reads,
             "read_bytes": self.read_bytes,
             "block_cache_usage": self._cache.get_usage(),
-            "kept_bytes": self._kept_bytes,
+            "kept_bytes": self._kept.live_bytes,
+            "kept_allocated_bytes": self._kept.allocated_bytes,
             "sst_bytes": int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0),
             "io": self._io.stats(),
         }
 
     def close(self) -> None:
         self._io.close()
+        self._kept = KeptPostings(0, self.record_size)  # its memory goes now, not with the store
         self._db.flush_wal(True)
         # Column-family handles keep the database alive; drop them before closing it so the
         # LOCK file is released and the index can be reopened in this process.

@@ -1,0 +1,212 @@
+"""Postings that the RocksDB store's reads keep in memory, in one ring of records.
+
+A read fetches only what it does not find here (see ``RocksStore.read``), and a search scans
+the postings it finds here whole where they lie, without copying them into its read buffer:
+on 10k x 128, 100 queries at max_postings 1-4 took 23-30% less time than when they copied
+kept postings into their read buffer first.
+
+The ring is one array of records. An entry (a posting's records, or those that follow its
+first chunk) takes the rows after the newest, and once the ring's end is reached the oldest
+entries' rows, at its start: entries are overwritten oldest first. The ring starts small and
+grows at its end up to its capacity before it first wraps. Entries are numbered in the order they are
+taken. A reader pins the lowest number it uses until it is done with the rows; an entry that
+would overwrite a pinned one is not kept.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+
+import numpy as np
+
+#: Columns of the per-posting table: the entry's first row (-1: none kept), its rows, the
+#: posting's span word and ``generation << 1 | lead`` when it was kept, the entry's number.
+START, ROWS, SPAN, GEN, SEQ = range(5)
+#: The ring's first allocation; it doubles up to its capacity.
+INITIAL_BYTES = 1 << 20
+
+
+class KeptPostings:
+    """Records of postings kept in memory, up to ``cap_bytes``."""
+
+    def __init__(self, cap_bytes: int, record_size: int):
+        self.record_size = record_size
+        self.capacity = max(cap_bytes, 0) // record_size
+        self.rows = np.zeros((min(self.capacity, INITIAL_BYTES // record_size), record_size // 4), dtype=np.uint32)
+        self.lock = threading.Lock()
+        self._table = np.full((1024, 5), -1, dtype=np.int64)
+        self._order: deque[tuple[int, int, int, int]] = deque()  # (number, start, rows, pid), oldest first
+        self._head = 0  # where the next entry goes
+        self._seq = 0  # the next entry's number
+        self._pins: dict[int, int] = {}  # token -> lowest entry number its holder uses
+        self._tokens = itertools.count(1)
+        self._copying = 0  # entries taken whose records are still being copied in
+        self.live_rows = 0
+        #: New whole postings are kept until the ring first overwrites an entry in use.
+        self.keep_whole = True
+
+    @property
+    def live_bytes(self) -> int:
+        return self.live_rows * self.record_size
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self.rows.nbytes
+
+    def find(self, pids: np.ndarray) -> tuple[np.ndarray, int]:
+        """Each pid's table row (start -1: none kept), and a pin on every entry found: a
+        token for ``release``, 0 if none was found."""
+        with self.lock:
+            table = self._table
+            inside = pids < table.shape[0]
+            if inside.all():
+                found = table[pids]
+            else:
+                found = np.full((pids.shape[0], 5), -1, dtype=np.int64)
+                found[inside] = table[pids[inside]]
+            seqs = found[:, SEQ][found[:, START] >= 0]
+            if not seqs.size:
+                return found, 0
+            token = next(self._tokens)
+            self._pins[token] = int(seqs.min())
+            return found, token
+
+    def repin(self, token: int, seq: int) -> None:
+        """Narrow ``find``'s pin to the entries numbered ``seq`` and up (still in use)."""
+        with self.lock:
+            self._pins[token] = seq
+
+    def release(self, token: int) -> None:
+        """Unpin what ``find`` pinned (``token`` 0: nothing; a second release: nothing)."""
+        if token:
+            with self.lock:
+                self._pins.pop(token, None)
+
+    def view(self, start: int, rows: int) -> np.ndarray:
+        """The records of an entry found (and pinned) at row ``start``."""
+        return self.rows[start:start + rows]
+
+    def view_bytes(self, start: int, rows: int) -> np.ndarray:
+        """``view`` as flat bytes."""
+        return self.rows[start:start + rows].reshape(-1).view(np.uint8)
+
+    def keep(self, entries: list[tuple[int, int, int, bool, np.ndarray]], *, evict: bool) -> list[bool]:
+        """Keep ``(pid, span word, generation, lead, record bytes)`` entries (``lead``: the
+        records start with the posting's first chunk); returns which were kept.
+
+        With ``evict`` an entry overwrites the oldest, else only rows no entry uses any more.
+        An entry that would overwrite a pinned one, or is larger than the ring, is not kept.
+        The records are copied in outside the lock (the entries taken are pinned meanwhile)
+        and published after."""
+        if not self.capacity:
+            return [False] * len(entries)
+        rs = self.record_size
+        token = next(self._tokens)
+        with self.lock:
+            placed, flags = [], []
+            for pid, span, gen, lead, data in entries:
+                taken = self._take(pid, len(data) // rs, evict=evict)
+                flags.append(taken is not None)
+                if taken is not None:
+                    if not placed:  # pinned, so that no entry taken after overwrites it
+                        self._pins[token] = taken[0]
+                    placed.append((pid, span, gen, lead, data, *taken))
+            if not placed:
+                return flags
+            self._copying += len(placed)
+        try:
+            for _, _, _, _, data, _, start, n in placed:
+                self.view_bytes(start, n)[:] = np.frombuffer(data, dtype=np.uint8)
+        finally:
+            with self.lock:
+                del self._pins[token]
+                self._copying -= len(placed)
+                table = self._ensure(max(p[0] for p in placed))
+                for pid, span, gen, lead, _, seq, start, n in placed:
+                    if table[pid, START] >= 0:
+                        self.live_rows -= table[pid, ROWS]
+                    table[pid] = (start, n, span, gen << 1 | lead, seq)
+                    self.live_rows += n
+        return flags
+
+    def _take(self, pid: int, n: int, *, evict: bool) -> tuple[int, int, int] | None:
+        """Take ``n`` rows for ``pid`` (lock held): ``(entry number, start, n)``, or None.
+        Entries join ``_order`` here, so that it stays in ring order; one taken but not yet
+        published counts as not in use, and cannot be overwritten (it is pinned).
+
+        The ring grows at its end until it reaches its capacity, and only then wraps. Whole
+        postings stop being kept once an entry in use is overwritten while at least half the
+        ring is in use: the postings read no longer fit."""
+        if n == 0 or n > self.capacity:
+            return None
+        head, size = self._head, self.rows.shape[0]
+        if head + n > size and size < self.capacity:
+            if not self._grow(head + n):
+                return None
+            size = self.rows.shape[0]
+        start = head if head + n <= size else 0
+        popped, in_use = self._overwritten(head, start, n)
+        if popped is None or (in_use and not evict):
+            return None
+        order = self._order
+        for _ in range(popped):
+            seq, _, rows, owner = order.popleft()
+            if self._in_use(seq, owner):  # evicted
+                if 2 * self.live_rows >= self.capacity:
+                    self.keep_whole = False
+                self._table[owner, START] = -1
+                self.live_rows -= rows
+        seq = self._seq
+        self._seq += 1
+        self._head = start + n
+        order.append((seq, start, n, pid))
+        return seq, start, n
+
+    def _overwritten(self, head: int, start: int, n: int) -> tuple[int | None, bool]:
+        """How many of the oldest entries an entry at ``start`` overwrites, and whether any is
+        in use; None if one is pinned. Those are the entries its rows cover, and when it
+        wraps to the ring's start, also all those from the head to the ring's end."""
+        end, wraps = start + n, start != head
+        low_pin = min(self._pins.values()) if self._pins else None
+        count, in_use = 0, False
+        for seq, first, _, owner in self._order:
+            if not (head <= first < end or (wraps and (first >= head or first < end))):
+                break
+            if low_pin is not None and seq >= low_pin:
+                return None, False
+            in_use = in_use or self._in_use(seq, owner)
+            count += 1
+        return count, in_use
+
+    def _in_use(self, seq: int, pid: int) -> bool:
+        """Entry ``seq`` is ``pid``'s, published and not since replaced or evicted."""
+        t = self._table
+        return pid < t.shape[0] and t[pid, START] >= 0 and t[pid, SEQ] == seq
+
+    def _grow(self, rows: int) -> bool:
+        """Make the ring at least ``rows`` long (lock held), unless records are being copied
+        in (they would miss the new array). Readers still using the old array keep it: what
+        they use is the same in both."""
+        if self._copying:
+            return False
+        size = self.rows.shape[0]
+        grown = np.zeros((min(self.capacity, max(rows, 2 * size)), self.rows.shape[1]), dtype=np.uint32)
+        grown[:size] = self.rows
+        self.rows = grown
+        return True
+
+    def _ensure(self, pid: int) -> np.ndarray:
+        if pid >= self._table.shape[0]:
+            grown = np.full((max(pid + 1, 2 * self._table.shape[0]), 5), -1, dtype=np.int64)
+            grown[:self._table.shape[0]] = self._table
+            self._table = grown
+        return self._table
+
+    def entries(self) -> dict[int, tuple[int, int, bool, int]]:
+        """pid -> (span word, generation, lead, rows) of every entry in use, oldest first
+        (for tests)."""
+        with self.lock:
+            t = self._table
+            return {p: (int(t[p, SPAN]), int(t[p, GEN] >> 1), bool(t[p, GEN] & 1), int(t[p, ROWS]))
+                    for seq, _, _, p in self._order if self._in_use(seq, p)}
