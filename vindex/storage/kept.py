@@ -42,6 +42,7 @@ class KeptPostings:
         self._pins: dict[int, int] = {}  # token -> lowest entry number its holder uses
         self._tokens = itertools.count(1)
         self._copying = 0  # entries taken whose records are still being copied in
+        self._growing = False  # the ring is being copied into a larger array: nothing is taken
         self.live_rows = 0
         #: New whole postings are kept until the ring first overwrites an entry in use.
         self.keep_whole = True
@@ -102,6 +103,9 @@ class KeptPostings:
         if not self.capacity:
             return [False] * len(entries)
         rs = self.record_size
+        need = self._head + sum(len(e[4]) for e in entries) // rs
+        if need > self.rows.shape[0] and self.rows.shape[0] < self.capacity:  # a hint: no lock held
+            self._grow(need)
         token = next(self._tokens)
         with self.lock:
             placed, flags = [], []
@@ -141,10 +145,8 @@ class KeptPostings:
         if n == 0 or n > self.capacity:
             return None
         head, size = self._head, self.rows.shape[0]
-        if head + n > size and size < self.capacity:
-            if not self._grow(head + n):
-                return None
-            size = self.rows.shape[0]
+        if self._growing or (head + n > size and size < self.capacity):  # see ``keep``
+            return None
         start = head if head + n <= size else 0
         popped, in_use = self._overwritten(head, start, n)
         if popped is None or (in_use and not evict):
@@ -184,17 +186,25 @@ class KeptPostings:
         t = self._table
         return pid < t.shape[0] and t[pid, START] >= 0 and t[pid, SEQ] == seq
 
-    def _grow(self, rows: int) -> bool:
-        """Make the ring at least ``rows`` long (lock held), unless records are being copied
-        in (they would miss the new array). Readers still using the old array keep it: what
-        they use is the same in both."""
-        if self._copying:
-            return False
-        size = self.rows.shape[0]
-        grown = np.zeros((min(self.capacity, max(rows, 2 * size)), self.rows.shape[1]), dtype=np.uint32)
-        grown[:size] = self.rows
-        self.rows = grown
-        return True
+    def _grow(self, rows: int) -> None:
+        """Make the ring at least ``rows`` long (up to its capacity), unless records are being
+        copied in (they would miss the new array) or another thread is growing it. The copy
+        runs outside the lock, so searches keep finding entries meanwhile (in the old array:
+        what they use is the same in both); nothing is taken until the new array is in place."""
+        with self.lock:
+            old = self.rows
+            if self._copying or self._growing or old.shape[0] >= min(rows, self.capacity):
+                return
+            self._growing = True
+        grown = None
+        try:
+            grown = np.zeros((min(self.capacity, max(rows, 2 * old.shape[0])), old.shape[1]), dtype=np.uint32)
+            grown[:old.shape[0]] = old
+        finally:
+            with self.lock:
+                if grown is not None:
+                    self.rows = grown
+                self._growing = False
 
     def _ensure(self, pid: int) -> np.ndarray:
         if pid >= self._table.shape[0]:
