@@ -2,15 +2,15 @@
 
 A read fetches only what it does not find here (see ``RocksStore.read``), and a search scans
 the postings it finds here whole where they lie, without copying them into its read buffer:
-on 10k x 128, 100 queries at max_postings 1-4 took 23-30% less time than when they copied
-kept postings into their read buffer first.
+on 10k x 128, 100 queries at max_postings 1-4 took 20-27% less time than when they copied
+kept postings into their read buffer first (paired runs in one process).
 
 The ring is one array of records. An entry (a posting's records, or those that follow its
 first chunk) takes the rows after the newest, and once the ring's end is reached the oldest
 entries' rows, at its start: entries are overwritten oldest first. The ring starts small and
-grows at its end up to its capacity before it first wraps. Entries are numbered in the order they are
-taken. A reader pins the lowest number it uses until it is done with the rows; an entry that
-would overwrite a pinned one is not kept.
+grows at its end up to its capacity before it first wraps. Entries are numbered in the order
+they are taken. A reader pins the lowest number it uses until it is done with the rows; an
+entry that would overwrite a pinned one is not kept.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class KeptPostings:
         self._copying = 0  # entries taken whose records are still being copied in
         self._growing = False  # the ring is being copied into a larger array: nothing is taken
         self.live_rows = 0
-        #: New whole postings are kept until the ring first overwrites an entry in use.
+        #: New whole postings are kept until the postings read outgrow the ring (see ``_take``).
         self.keep_whole = True
 
     @property
