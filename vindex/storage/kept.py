@@ -8,8 +8,8 @@ kept postings into their read buffer first (paired runs in one process).
 The ring is one array of records. An entry (a posting's records, or those that follow its
 first chunk) takes the rows after the newest, and once the ring's end is reached the oldest
 entries' rows, at its start: entries are overwritten oldest first. The ring starts small and
-grows at its end up to its capacity before it first wraps. Entries are numbered in the order
-they are taken. A reader pins the lowest number it uses until it is done with the rows; an
+grows at its end, up to its capacity, while much of it is in use. Entries are numbered in the
+order they are taken. A reader pins the lowest number it uses until it is done with the rows; an
 entry that would overwrite a pinned one is not kept.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 #: Columns of the per-posting table: the entry's first row (-1: none kept), its rows, the
 #: posting's span word and ``generation << 1 | lead`` when it was kept, the entry's number.
 START, ROWS, SPAN, GEN, SEQ = range(5)
-#: The ring's first allocation; it doubles up to its capacity.
+#: The ring's first allocation; it doubles up to its capacity (see ``KeptPostings._take``).
 INITIAL_BYTES = 1 << 20
 
 
@@ -103,9 +103,9 @@ class KeptPostings:
         if not self.capacity:
             return [False] * len(entries)
         rs = self.record_size
-        need = self._head + sum(len(e[4]) for e in entries) // rs
-        if need > self.rows.shape[0] and self.rows.shape[0] < self.capacity:  # a hint: no lock held
-            self._grow(need)
+        n = sum(len(e[4]) for e in entries) // rs
+        if self._head + n > self.rows.shape[0] and self._should_grow(n):  # a hint: no lock held
+            self._grow(self._head + n)
         token = next(self._tokens)
         with self.lock:
             placed, flags = [], []
@@ -139,23 +139,26 @@ class KeptPostings:
         Entries join ``_order`` here, so that it stays in ring order; one taken but not yet
         published counts as not in use, and cannot be overwritten (it is pinned).
 
-        The ring grows at its end until it reaches its capacity, and only then wraps. Whole
-        postings stop being kept once an entry in use is overwritten while at least half the
-        ring is in use: the postings read no longer fit."""
+        At its end the ring grows (up to its capacity) while a quarter or more of it is in
+        use, else it wraps: its memory follows what is kept, not how often entries are
+        replaced. Below capacity any entry may overwrite entries in use (few, then; a search
+        that wants them again keeps them again); at capacity only with ``evict``, and whole
+        postings stop being kept once that happens while half the ring is in use: the
+        postings read no longer fit."""
         if n == 0 or n > self.capacity:
             return None
         head, size = self._head, self.rows.shape[0]
-        if self._growing or (head + n > size and size < self.capacity):  # see ``keep``
+        if self._growing or (head + n > size and self._should_grow(n)):  # grown in ``keep``
             return None
         start = head if head + n <= size else 0
         popped, in_use = self._overwritten(head, start, n)
-        if popped is None or (in_use and not evict):
+        if popped is None or (in_use and not evict and size == self.capacity):
             return None
         order = self._order
         for _ in range(popped):
             seq, _, rows, owner = order.popleft()
             if self._in_use(seq, owner):  # evicted
-                if 2 * self.live_rows >= self.capacity:
+                if size == self.capacity and 2 * self.live_rows >= self.capacity:
                     self.keep_whole = False
                 self._table[owner, START] = -1
                 self.live_rows -= rows
@@ -164,6 +167,11 @@ class KeptPostings:
         self._head = start + n
         order.append((seq, start, n, pid))
         return seq, start, n
+
+    def _should_grow(self, n: int) -> bool:
+        """At the ring's end, with ``n`` rows to take: grow rather than wrap (see ``_take``)."""
+        size = self.rows.shape[0]
+        return size < self.capacity and 4 * (self.live_rows + n) >= size
 
     def _overwritten(self, head: int, start: int, n: int) -> tuple[int | None, bool]:
         """How many of the oldest entries an entry at ``start`` overwrites, and whether any is
