@@ -2,8 +2,8 @@
 
 A read fetches only what it does not find here (see ``RocksStore.read``), and a search scans
 the postings it finds here whole where they lie, without copying them into its read buffer:
-on 10k x 128, 100 queries at max_postings 1-4 took 20-27% less time than when they copied
-kept postings into their read buffer first (paired runs in one process).
+on 10k x 128, 100 queries at max_postings 1-4 took 20-30% less time than when they copied
+kept postings into their read buffer first (four paired runs in one process).
 
 The ring is one array of records. An entry (a posting's records, or those that follow its
 first chunk) takes the rows after the newest, and once the ring's end is reached the oldest
