@@ -379,6 +379,19 @@ def test_kept_ring_evicts_oldest_first_and_never_wraps_an_entry():
     k.release(token)
 
 
+def test_kept_ring_stops_keeping_whole_postings_while_they_do_not_fit_and_starts_again():
+    from vindex.storage.kept import KeptPostings
+
+    k = KeptPostings(4 * RS, RS)
+    k.keep([(0, 1, 0, True, _rows(2, 0)), (1, 1, 0, True, _rows(2, 10))], evict=False)
+    k.keep([(2, 2, 0, False, _rows(1, 20))], evict=True)  # pushes posting 0 out, the ring full
+    assert not k.keep_whole and list(k.entries()) == [1, 2]
+    k.keep([(2, 2, 0, False, _rows(1, 21))], evict=True)  # replaces 2's entry: as full as before
+    assert not k.keep_whole
+    k.keep([(2, 2, 0, False, _rows(1, 22))], evict=True)  # pushes posting 1 out: a quarter in use
+    assert k.keep_whole and list(k.entries()) == [2] and k.live_bytes == RS
+
+
 def test_kept_ring_never_overwrites_rows_a_reader_holds():
     from vindex.storage.kept import KeptPostings
 

@@ -345,9 +345,9 @@ class RocksStore:
         multi-get, and a search scans it where it lies. (Other reads are mostly of postings
         about to be rewritten.) Once the postings read outgrow the share, a posting in several
         chunks keeps only what follows its first chunk, pushing the oldest kept out, since
-        each of those chunks is another key for the multi-get; and from the first time that
-        happens no posting is newly kept whole (one already kept whole that a search finds
-        grown is kept whole again, as the newest). Turning whole postings over costs every
+        each of those chunks is another key for the multi-get; and while that is so no
+        posting is newly kept whole (one already kept whole that a search finds grown is kept
+        whole again, as the newest; see ``KeptPostings._take``). Turning whole postings over costs every
         read and finds few again (200k vectors, a 16 MiB share, batch-1 searches of 32
         postings: p50 0.36-0.39 ms against 0.30-0.32 ms keeping none; after 200k more were
         upserted, 0.81-0.82 ms keeping whole postings in the room the tails' turnover leaves,
