@@ -102,16 +102,16 @@ def _parts(batch: PostingBatch, dim: int, idmap: IdMap, kernels) -> list[tuple]:
     into the buffer, and those the store left where it keeps them."""
     recs_f, recs_u = records.view(batch.data, dim)
     starts, ends = batch.offsets[:-1], batch.offsets[1:]
-    ids = kernels.live_ids(recs_u, idmap.versions, idmap.vid2ext)
     kept = batch.in_place
     if kept is None:
-        return [(recs_f, starts, ends, ids, starts, None)]
+        return [(recs_f, starts, ends, kernels.live_ids(recs_u, idmap.versions, idmap.vid2ext), starts, None)]
     kept_ids = kernels.live_ids_ranges(kept.rows, kept.starts, kept.ends, idmap.versions, idmap.vid2ext)
     id_starts = np.zeros(kept.starts.shape[0], dtype=np.int64)
     np.cumsum((kept.ends - kept.starts)[:-1], out=id_starts[1:])
     parts = [(kept.rows.view(np.float32), kept.starts, kept.ends, kept_ids, id_starts, kept.index)]
-    if starts.shape[0]:
+    if starts.shape[0]:  # (none when every posting was in place: no kernel call, no GIL hand-off)
         rest = np.ones(starts.shape[0] + kept.index.shape[0], dtype=bool)
         rest[kept.index] = False
+        ids = kernels.live_ids(recs_u, idmap.versions, idmap.vid2ext)
         parts.append((recs_f, starts, ends, ids, starts, np.flatnonzero(rest)))
     return parts

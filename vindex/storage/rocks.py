@@ -347,11 +347,11 @@ class RocksStore:
         chunks keeps only what follows its first chunk, pushing the oldest kept out, since
         each of those chunks is another key for the multi-get; and while that is so no
         posting is newly kept whole (one already kept whole that a search finds grown is kept
-        whole again, as the newest; see ``KeptPostings._take``). Turning whole postings over costs every
-        read and finds few again (200k vectors, a 16 MiB share, batch-1 searches of 32
-        postings: p50 0.36-0.39 ms against 0.30-0.32 ms keeping none; after 200k more were
-        upserted, 0.81-0.82 ms keeping whole postings in the room the tails' turnover leaves,
-        0.70-0.71 ms not, 0.71-0.75 ms keeping only tails as before)."""
+        whole again, as the newest; see ``KeptPostings._take``). Turning whole postings over
+        costs every read and finds few again (200k vectors, a 16 MiB share, batch-1 searches
+        of 32 postings: p50 0.36-0.39 ms against 0.30-0.32 ms keeping none; after 200k more
+        were upserted, 0.81-0.82 ms keeping whole postings in the room the tails' turnover
+        leaves, 0.70-0.71 ms not, 0.71-0.75 ms keeping only tails as before)."""
         rs, kept = self.record_size, self._kept
         offs, pids, gens, learn = offsets.tolist(), plan.pids, plan.gens, plan.learn
         if search and kept.keep_whole:
