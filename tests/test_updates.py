@@ -139,6 +139,31 @@ def test_copies_waiting_to_be_cut_survive_a_close_not_a_crash(tmp_path):
             check_exact(again, model, ints(rng, 30))
 
 
+def test_paused_background_starts_no_round_and_catches_up_after(tmp_path):
+    rng = np.random.default_rng(8)
+    model = {}
+    with vindex.Index.create(tmp_path / "p", dim=8, **SMALL) as index:
+        x = ints(rng, 250)
+        index.upsert(np.arange(250), x)
+        model.update(zip(range(250), x))
+        assert index.wait_idle(timeout=60)
+        before = index.stats()
+        with index.pause_background():
+            for lo in range(250, 2000, 250):
+                x = ints(rng, 250)
+                index.upsert(np.arange(lo, lo + 250), x)
+                model.update(zip(range(lo, lo + 250), x))
+            assert not index.wait_idle(timeout=0.5)  # queued, and none of it may run
+            held = index.stats()
+            assert held["background_rounds"] == before["background_rounds"] and held["splits"] == before["splits"]
+            assert held["postings_over_limit"] > 0 and held["background_queue"] > 0
+            check_exact(index, model, ints(rng, 20))
+        assert index.wait_idle(timeout=60)
+        s = index.stats()
+        assert s["splits"] > before["splits"] and s["postings_over_limit"] == 0
+        check_exact(index, model, ints(rng, 20))
+
+
 def test_rebalance_off_only_appends(tmp_path):
     rng = np.random.default_rng(4)
     with vindex.Index.create(tmp_path / "o", dim=8, rebalance=False, **SMALL) as index:

@@ -1,6 +1,7 @@
 """``vindex.Index``: the public API of one index."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -459,6 +460,15 @@ class Index:
         returns True; a round already running when it came is not held against it)."""
         self._check_open()
         return self._rebalancer.wait_idle(timeout)
+
+    def pause_background(self) -> contextlib.AbstractContextManager[None]:
+        """A context in which no background rebalancing round starts (one already running
+        finishes first). Writes go on and queue their work, which runs once the last open
+        pause ends. For measurements that must not give the background extra time, and
+        short maintenance windows: postings grow past their limit meanwhile, and
+        ``wait_idle`` inside it waits for work that cannot run."""
+        self._check_open()
+        return self._rebalancer.hold()
 
     def stats(self) -> dict:
         """Counters describing the index: sizes, postings, rebalancing, store."""

@@ -25,6 +25,7 @@ head, cutting out moved copies) waits in a deferred queue until those searches f
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -91,6 +92,7 @@ class Rebalancer:
         self._cv = threading.Condition()
         self._busy = False
         self._stop = False
+        self._holds = 0  # open hold() contexts: no round starts while any is open
         self._error: BaseException | None = None
         self._rounds_started = 0  # numbers the rounds, so wait_idle can tell old failures from new
         self._failed_round = -1   # number of the last round that failed
@@ -139,6 +141,19 @@ class Rebalancer:
             cap = float(max(len(self._engine.state.idmap.versions), 1))
             self._scrub_credit = min(cap, self._scrub_credit + n_written * self._engine.config.scrub_ratio)
             self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def hold(self):
+        """No round starts inside this context (a round already running finishes); work
+        queues meanwhile and runs after it."""
+        with self._cv:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._holds -= 1
+                self._cv.notify_all()
 
     def poke(self) -> None:
         """Wake the worker (e.g. a checkpoint is due)."""
@@ -204,11 +219,13 @@ class Rebalancer:
         while True:
             with self._cv:
                 # with deferred work, poll until the searches it waits for finish
-                self._cv.wait_for(lambda: self._stop or self._pending or eng.checkpoint_due()
-                                  or self._scrub_credit > 0,
+                self._cv.wait_for(lambda: self._stop or not self._holds and (
+                                      self._pending or eng.checkpoint_due() or self._scrub_credit > 0),
                                   timeout=DEFERRED_POLL_S if self._deferred else None)
                 if self._stop:
                     return
+                if self._holds:
+                    continue
                 batch = sorted(self._pending)[: eng.config.rebalance_batch]
                 self._pending.difference_update(batch)
                 scrub = not batch and self._scrub_credit > 0  # only when nothing more urgent waits
