@@ -5,6 +5,7 @@ a search-parameter setting from the method's ``sweep()``.
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 
@@ -65,6 +66,10 @@ class VindexStream:
 
     def sweep(self) -> list[dict]:
         return [{"max_postings": m} for m in self.POSTINGS]
+
+    def paused(self) -> contextlib.AbstractContextManager:
+        """No background rounds start inside (timing passes that must not give it time)."""
+        return self.index.pause_background() if self.index is not None else contextlib.nullcontext()
 
     def search(self, q: np.ndarray, k: int, params: dict) -> np.ndarray:
         res = self.index.search(q, k, **params)
@@ -129,6 +134,9 @@ class FaissIVFStream:
     def sweep(self) -> list[dict]:
         return [{"nprobe": p} for p in self.NPROBES]
 
+    def paused(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # no background work
+
     def search(self, q: np.ndarray, k: int, params: dict) -> np.ndarray:
         import faiss
 
@@ -185,6 +193,9 @@ class HnswlibStream:
 
     def sweep(self) -> list[dict]:
         return [{"ef": e} for e in self.EFS]
+
+    def paused(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # no background work
 
     def search(self, q: np.ndarray, k: int, params: dict) -> np.ndarray:
         self.index.set_ef(max(params["ef"], k))

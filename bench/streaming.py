@@ -5,7 +5,7 @@
 
 Each search step's ground truth is an exact search over the points live at that step. For
 every method and every search-parameter setting it reports recall@10 per step and on
-average, search QPS (one thread; `--search-repeats` passes, median time), and insert and
+average, search QPS (one thread; steady rate, and first pass), and insert and
 delete throughput. Methods: vindex, vindex with rebalancing off, faiss IVFFlat (centroids
 trained on the first batch), hnswlib (mark_deleted / replace_deleted), and vindex rebuilt
 from scratch before every search step (the ceiling). Runbooks with "clustered" in their
@@ -39,12 +39,17 @@ def ground_truths(steps, base, queries, metric, k) -> list[np.ndarray]:
     return out
 
 
-def play(method, steps, base, queries, truths, metric, k, repeats: int = 1) -> dict:
-    """Run ``steps`` on ``method``; at every search step, after one untimed pass at the
-    largest setting, each setting's recall comes from its first pass over the queries and
-    its QPS from the median time of ``repeats`` passes. Repeats smooth the QPS but also give
-    the background more time between steps: with 3, vindex on bigann-10k read 1,119-1,124
-    records a query at max_postings 16, against 1,270-1,803 in six runs with 1."""
+def play(method, steps, base, queries, truths, metric, k, repeats: int = 3) -> dict:
+    """Run ``steps`` on ``method``. At every search step, after one untimed pass at the
+    largest setting, one pass per setting (in an order rotated by one each step) gives its
+    recall and its single-pass QPS (``qps_single``). Then, with the method's background paused
+    (so the extra passes give it no more time between write steps than that one pass does),
+    each setting runs one untimed pass and ``repeats`` timed ones back to back: ``qps`` is
+    from their median time, the setting's steady rate. A first pass follows some other
+    setting, and in the rotation the cheapest always follows the largest: vindex's
+    max_postings 1 after 64 (a pass over the whole index) took 2.4x its time after itself on
+    bigann-10k, faiss IVFFlat's nprobe 1 after 16 1.17x (2026-12-02). ``repeats`` 0: ``qps``
+    is the first pass's."""
     live = runbook.LiveSet()
     method.setup(base.shape[1], metric, int(max(runbook.max_row_steps(steps), 1)))
     times = {"insert": 0.0, "delete": 0.0, "replace": 0.0}
@@ -68,17 +73,22 @@ def play(method, steps, base, queries, truths, metric, k, repeats: int = 1) -> d
             # started winds down as the step's searches run, so a fixed order would give the
             # first settings the busiest CPU at every step
             for j in np.roll(np.arange(len(sweep)), -(s_i - 1)).tolist():
-                params = sweep[j]
-                dts = []
-                for r in range(repeats):
-                    t0 = time.perf_counter()
-                    got = method.search(queries, k, params)
-                    dts.append(time.perf_counter() - t0)
-                    if r == 0:
-                        found, distances = got, getattr(method, "last_distances", None)
-                row["settings"][j] = {"params": params, "recall": datasets.recall_at_k(found, truth, min(k, truth.shape[1])),
-                                      "qps": queries.shape[0] / float(np.median(dts)),
-                                      "distances": distances}
+                t0 = time.perf_counter()
+                found = method.search(queries, k, sweep[j])
+                qps = queries.shape[0] / (time.perf_counter() - t0)
+                row["settings"][j] = {"params": sweep[j], "recall": datasets.recall_at_k(found, truth, min(k, truth.shape[1])),
+                                      "qps": qps, "qps_single": qps,
+                                      "distances": getattr(method, "last_distances", None)}
+            if repeats > 0:
+                with method.paused():
+                    for j in range(len(sweep)):
+                        method.search(queries, k, sweep[j])
+                        dts = []
+                        for _ in range(repeats):
+                            t0 = time.perf_counter()
+                            method.search(queries, k, sweep[j])
+                            dts.append(time.perf_counter() - t0)
+                        row["settings"][j]["qps"] = queries.shape[0] / float(np.median(dts))
             per_step.append(row)
             continue
         t0 = time.perf_counter()
@@ -93,6 +103,7 @@ def play(method, steps, base, queries, truths, metric, k, repeats: int = 1) -> d
         summary.append({"params": params,
                         "recall": float(np.mean([r["settings"][j]["recall"] for r in per_step])),
                         "qps": float(np.median([r["settings"][j]["qps"] for r in per_step])),
+                        "qps_single": float(np.median([r["settings"][j]["qps_single"] for r in per_step])),
                         "distances": float(np.mean(dist)) if None not in dist else None})
     throughput = {op: (counts[op] / times[op] if times[op] > 0 else None) for op in times}
     if per_step:  # the untimed pass's QPS, at the largest setting
@@ -109,14 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--key", default=None, help="runbook entry (default: the first)")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--search-repeats", type=int, default=1,
-                    help="passes per search setting and step; QPS is from their median time "
-                         "(more than 1 also gives the background more time between steps)")
+    ap.add_argument("--search-repeats", type=int, default=3,
+                    help="timed passes per setting and step, back to back after an untimed one, "
+                         "with the background paused; QPS is from their median time (0: from "
+                         "the recall pass alone, which follows another setting)")
     ap.add_argument("--cluster-order", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
-    if args.search_repeats < 1:
-        ap.error("--search-repeats must be at least 1")
+    if args.search_repeats < 0:
+        ap.error("--search-repeats must be 0 or more")
     measure.limit_threads(1)
 
     ds = datasets.load(args.dataset)
@@ -150,11 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         for s in res["summary"]:
             tp = res["throughput"]
             rows.append({"method": name, "params": ",".join(f"{k}={v}" for k, v in s["params"].items()),
-                         "recall": s["recall"], "qps": s["qps"], "dist": s["distances"], "ins": tp["insert"],
+                         "recall": s["recall"], "qps": s["qps"], "single": s["qps_single"], "dist": s["distances"], "ins": tp["insert"],
                          "dele": tp["delete"], "rep": tp["replace"], "first": tp.get("first_pass_qps")})
     print()
     print(report.table(rows, [("method", "method", "s"), ("params", "params", "s"),
                               ("recall", "avg recall@10", ".4f"), ("qps", "search QPS", ".0f"),
+                              ("single", "QPS, single pass", ".0f"),
                               ("dist", "distances/query", ".0f"),
                               ("ins", "insert/s", ".0f"), ("dele", "delete/s", ".0f"), ("rep", "replace/s", ".0f"),
                               ("first", "first pass QPS", ".0f")]))
@@ -174,23 +187,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def compare(results: dict) -> dict:
-    """vindex's average recall at IVF's search cost, measured two ways (equal distance
-    computations per query, and equal QPS; both interpolated on vindex's curve), and its gap
-    to the rebuilt ceiling at equal settings."""
+    """vindex's average recall at IVF's search cost, measured three ways (equal distance
+    computations per query; equal steady QPS; equal single-pass QPS; each interpolated on
+    vindex's curve), and its gap to the rebuilt ceiling at equal settings."""
     lines, data = [], {}
     v = results.get("vindex")
     ivf = results.get("faiss-ivfflat")
     if v and ivf:
+        fmt = (lambda r: "out of range" if r is None else f"{r:.4f}")
         for s in ivf["summary"]:
             by_dist = _recall_at(v["summary"], "distances", s["distances"])
             by_qps = _recall_at(v["summary"], "qps", s["qps"])
+            by_single = _recall_at(v["summary"], "qps_single", s.get("qps_single"))
             data[f"ivf nprobe={s['params']['nprobe']}"] = {
                 "ivf_recall": s["recall"], "ivf_distances": s["distances"], "ivf_qps": s["qps"],
-                "vindex_recall_at_equal_distances": by_dist, "vindex_recall_at_equal_qps": by_qps}
-            fmt = (lambda r: "out of range" if r is None else f"{r:.4f}")
+                "ivf_qps_single": s.get("qps_single"),
+                "vindex_recall_at_equal_distances": by_dist, "vindex_recall_at_equal_qps": by_qps,
+                "vindex_recall_at_equal_single_pass_qps": by_single}
             lines.append(f"IVF nprobe={s['params']['nprobe']}: recall {s['recall']:.4f} at {s['distances']:.0f} "
-                         f"distances/query, {s['qps']:.0f} QPS; vindex at equal distances {fmt(by_dist)}, "
-                         f"at equal QPS {fmt(by_qps)}")
+                         f"distances/query, {s['qps']:.0f} QPS ({s.get('qps_single') or 0:.0f} single pass); "
+                         f"vindex at equal distances {fmt(by_dist)}, at equal QPS {fmt(by_qps)}, "
+                         f"at equal single-pass QPS {fmt(by_single)}")
     ceil = results.get("vindex-rebuild")
     if v and ceil:
         for a, b in zip(v["summary"], ceil["summary"]):
@@ -204,7 +221,7 @@ def _recall_at(summary: list[dict], key: str, value: float | None) -> float | No
     """Recall where the curve's ``key`` (qps or distances) equals ``value``, interpolated
     linearly between measured settings on the curve's frontier (a setting that another beats
     on both recall and ``key`` is one nobody would pick); None outside the measured range."""
-    faster = key == "qps"  # more qps is better; fewer distances are
+    faster = key != "distances"  # more qps is better; fewer distances are
     pts = [dict(s, thrift=s[key] if faster else -s[key]) for s in summary if s.get(key) is not None]
     if value is None or len(pts) < 1:
         return None
