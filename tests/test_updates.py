@@ -1,6 +1,9 @@
 """upsert / delete / get / wait_idle and background rebalancing."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -162,6 +165,25 @@ def test_paused_background_starts_no_round_and_catches_up_after(tmp_path):
         s = index.stats()
         assert s["splits"] > before["splits"] and s["postings_over_limit"] == 0
         check_exact(index, model, ints(rng, 20))
+
+
+def test_an_index_left_open_at_exit_stops_its_background_quietly(tmp_path):
+    # at exit the interpreter shuts thread pools down before it finalizes the index, so a
+    # round running then failed and logged a traceback
+    script = f"""
+import numpy as np, vindex
+index = vindex.Index.create({str(tmp_path / "x")!r}, dim=8, **{SMALL!r})
+rng = np.random.default_rng(0)
+for lo in range(0, 20000, 2000):
+    index.upsert(np.arange(lo, lo + 2000), rng.integers(0, 20, (2000, 8)).astype(np.float32))
+assert index.stats()["background_queue"] > 0  # work queued or running at exit
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    with vindex.Index.open(tmp_path / "x") as index:  # what was left is done after reopening
+        assert index.wait_idle(timeout=120)
+        s = index.stats()
+        assert s["live"] == 20000 and s["postings_over_limit"] == 0
 
 
 def test_rebalance_off_only_appends(tmp_path):

@@ -247,6 +247,11 @@ class Rebalancer:
                     with self._cv:
                         self._error = None  # the failure (a full disk, say) is over
             except BaseException as exc:  # keep the worker alive; report through wait_idle
+                if not threading.main_thread().is_alive():
+                    # the interpreter is exiting with the index open and has shut the thread
+                    # pools down: stop quietly; the next open queues what is left over limit
+                    log.info("background rebalancing stopped: the interpreter is exiting")
+                    return
                 log.exception("background round failed")
                 with self._cv:
                     self.counters["errors"] += 1
