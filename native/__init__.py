@@ -29,7 +29,7 @@ def warmup() -> None:
     """Run every kernel once on tiny inputs of the exact types the library passes."""
     import numpy as np
 
-    from . import distances, graph, held, idhash, kmeans, lire, replicas, scan
+    from . import distances, graph, heap, held, idhash, kmeans, lire, replicas, scan
 
     rng = np.random.default_rng(0)
     d, n = 8, 40
@@ -56,6 +56,9 @@ def warmup() -> None:
         distances.pairwise(metric, q, heads)
         graph.exact_search(q, heads, np.ones(n, np.bool_), metric, 8, 10.0, ids, dd)
         held.exact_search(q, heads, np.ones(n, np.bool_), metric, 8, 10.0, ids, dd)
+        sq = np.einsum("ij,ij->i", heads, heads)
+        heap.select_dot_rows(q @ heads.T, sq[:2], sq, np.ones(n, np.bool_), metric == distances.L2, 8, 10.0,
+                             ids, dd)
     reps = np.empty((2, 4), np.int32)
     reps_d = np.empty((2, 4), np.float32)
     replicas.select(ids, dd, heads, 0.5, 1.0, reps, reps_d)

@@ -130,14 +130,24 @@ def emit_pruned(dists, ids, size, eps, out_ids, out_d):
 
 
 @nb.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def select_rows(dist, alive, m, eps, out_ids, out_d):
-    """Per row of ``dist (nq, H)``: the ``m`` smallest columns among ``alive`` ones, ascending
-    and pruned, into ``out_ids (nq, m)`` / ``out_d``; returns kept counts. Used for exact head
-    search."""
-    counts = np.zeros(dist.shape[0], dtype=np.int32)
+def select_dot_rows(dots, q_sq, h_sq, alive, l2, m, eps, out_ids, out_d):
+    """Per row of ``dots (nq, H)`` (queries' dot products with the heads): the ``m`` nearest
+    ``alive`` heads, ascending and pruned, into ``out_ids (nq, m)`` / ``out_d``; returns kept
+    counts. Distances are made as it goes, squared L2 ``|q|^2 + |h|^2 - 2 q.h`` (at least 0)
+    if ``l2``, else ``-q.h``: a batch makes no ``(nq, H)`` distance array. Exact head search."""
+    nq, nh = dots.shape
+    counts = np.zeros(nq, dtype=np.int32)
     hd = np.empty(m, dtype=np.float32)
     hi = np.empty(m, dtype=np.int64)
-    for i in range(dist.shape[0]):
-        size = smallest(dist[i], alive, hd, hi)
+    row = np.empty(nh, dtype=np.float32)
+    for i in range(nq):
+        if l2:
+            for j in range(nh):
+                v = np.float32(-2.0) * dots[i, j] + h_sq[j] + q_sq[i]
+                row[j] = v if v > 0 else np.float32(0.0)
+        else:
+            for j in range(nh):
+                row[j] = -dots[i, j]
+        size = smallest(row, alive, hd, hi)
         counts[i] = emit_pruned(hd, hi, size, eps, out_ids[i], out_d[i])
     return counts

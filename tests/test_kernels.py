@@ -21,7 +21,7 @@ def test_pairwise_matches_numpy():
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 20), min_size=0, max_size=200), st.integers(1, 12))
-def test_select_rows_is_topk_with_id_ties(values, m):
+def test_select_dot_rows_is_topk_with_id_ties(values, m):
     # small integer distances force many ties: order must be (distance, column)
     d = np.asarray(values, dtype=np.float32).reshape(1, -1) if values else np.zeros((1, 0), np.float32)
     alive = np.ones(d.shape[1], dtype=np.bool_)
@@ -29,7 +29,8 @@ def test_select_rows_is_topk_with_id_ties(values, m):
         alive[::5] = False
     ids = np.empty((1, m), np.int32)
     out = np.empty((1, m), np.float32)
-    count = heap.select_rows(d, alive, m, np.inf, ids, out)[0]
+    none = np.zeros(0, np.float32)
+    count = heap.select_dot_rows(-d, none, none, alive, False, m, np.inf, ids, out)[0]  # ip: distance -dot
     cols = [j for j in range(d.shape[1]) if alive[j]]
     expect = sorted(cols, key=lambda j: (d[0, j], j))[:m]
     assert count == len(expect)
@@ -37,13 +38,30 @@ def test_select_rows_is_topk_with_id_ties(values, m):
     assert (ids[0, count:] == -1).all() and np.isinf(out[0, count:]).all()
 
 
-def test_select_rows_prunes_relative_to_nearest():
+def test_select_dot_rows_prunes_relative_to_nearest():
     d = np.array([[0.0, 1.0, 1.5, 2.1, 4.0]], dtype=np.float32)
     ids = np.empty((1, 5), np.int32)
     out = np.empty((1, 5), np.float32)
+    none = np.zeros(0, np.float32)
     # nearest is 0, so the reference is the first non-zero distance (1.0): keep d <= 2.0
-    count = heap.select_rows(d, np.ones(5, np.bool_), 5, 1.0, ids, out)[0]
+    count = heap.select_dot_rows(-d, none, none, np.ones(5, np.bool_), False, 5, 1.0, ids, out)[0]
     assert ids[0, :count].tolist() == [0, 1, 2]
+
+
+def test_select_dot_rows_l2_is_squared_distance_topk():
+    rng = np.random.default_rng(5)
+    heads = rng.integers(-6, 7, (300, 16)).astype(np.float32)  # integers: exact float32 sums
+    q = rng.integers(-6, 7, (40, 16)).astype(np.float32)
+    alive = rng.random(300) > 0.2
+    ids = np.empty((40, 7), np.int32)
+    out = np.empty((40, 7), np.float32)
+    counts = heap.select_dot_rows(q @ heads.T, np.einsum("ij,ij->i", q, q), np.einsum("ij,ij->i", heads, heads),
+                                  alive, True, 7, np.inf, ids, out)
+    d = ((q[:, None] - heads[None]) ** 2).sum(-1)
+    assert (counts == 7).all()
+    for i in range(40):
+        want = sorted(np.flatnonzero(alive).tolist(), key=lambda j: (d[i, j], j))[:7]
+        assert ids[i].tolist() == want and out[i].tolist() == d[i, want].tolist()
 
 
 def _random_graph(n=600, d=16, degree=12, seed=0):

@@ -130,7 +130,7 @@ class HeadGraph:
             ids.fill(-1)
             dists.fill(np.inf)
             return ids, dists, np.zeros(nq, dtype=np.int32)
-        arrays, n, entries = self.arrays_, self.n, self.entries
+        arrays, entries = self.arrays_, self.entries
         if self.n_alive <= EXACT_MAX_HEADS:
             return self._search_exact(arrays, queries, metric, m, eps, ids, dists, held)
         vectors, nbrs = arrays.vectors, arrays.nbrs
@@ -169,20 +169,15 @@ class HeadGraph:
             kernels = native.held if held else native.graph
             counts = kernels.exact_search(queries, vectors, alive, metric, m, eps, ids, dists)
             return ids, dists, counts
-        norms = np.einsum("ij,ij->i", vectors, vectors)
+        l2 = metric == native.L2
+        h_sq = np.einsum("ij,ij->i", vectors, vectors) if l2 else np.zeros(0, dtype=np.float32)
         counts = np.empty(queries.shape[0], dtype=np.int32)
         for lo in range(0, queries.shape[0], EXACT_BLOCK):
             q = queries[lo:lo + EXACT_BLOCK]
-            d = q @ vectors.T
-            if metric == native.L2:
-                d *= -2
-                d += norms[None, :]
-                d += np.einsum("ij,ij->i", q, q)[:, None]
-                np.maximum(d, 0, out=d)
-            else:
-                np.negative(d, out=d)
-            counts[lo:lo + q.shape[0]] = native.heap.select_rows(d, alive, m, eps, ids[lo:lo + EXACT_BLOCK],
-                                                                 dists[lo:lo + EXACT_BLOCK])
+            q_sq = np.einsum("ij,ij->i", q, q) if l2 else h_sq
+            counts[lo:lo + q.shape[0]] = native.heap.select_dot_rows(q @ vectors.T, q_sq, h_sq, alive, l2, m, eps,
+                                                                     ids[lo:lo + EXACT_BLOCK],
+                                                                     dists[lo:lo + EXACT_BLOCK])
         return ids, dists, counts
 
     # --- mutation (callers serialise writers; searches keep running) ---------------------------
