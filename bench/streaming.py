@@ -39,14 +39,21 @@ def ground_truths(steps, base, queries, metric, k) -> list[np.ndarray]:
     return out
 
 
+#: Untimed passes before a setting's timed ones. Passes of vindex at max_postings 1 right after
+#: one at 64, on the bigann-10k runbook's final index (medians of 60, us): 892, 575, 452, 414,
+#: 388, 381, 372, 362, 356, 364; faiss IVFFlat's at nprobe 1 after 16: 504, 462, 444, 453, 438,
+#: 436, 434, 433, 432, 436. After four, both are within a few percent of where they settle.
+WARM_PASSES = 4
+
+
 def play(method, steps, base, queries, truths, metric, k, repeats: int = 3) -> dict:
     """Run ``steps`` on ``method``. At every search step, after one untimed pass at the
     largest setting, one pass per setting (in an order rotated by one each step) gives its
     recall and its single-pass QPS (``qps_single``). Then, with the method's background paused
     (so the extra passes give it no more time between write steps than that one pass does),
-    each setting runs one untimed pass and ``repeats`` timed ones back to back: ``qps`` is
-    from their median time, the setting's steady rate. A first pass follows some other
-    setting, and in the rotation the cheapest always follows the largest: vindex's
+    each setting runs ``WARM_PASSES`` untimed passes and ``repeats`` timed ones back to back:
+    ``qps`` is from their median time, the setting's steady rate. A first pass follows some
+    other setting, and in the rotation the cheapest always follows the largest: vindex's
     max_postings 1 after 64 (a pass over the whole index) took 2.4x its time after itself on
     bigann-10k, faiss IVFFlat's nprobe 1 after 16 1.17x (2026-12-02). ``repeats`` 0: ``qps``
     is the first pass's."""
@@ -82,7 +89,8 @@ def play(method, steps, base, queries, truths, metric, k, repeats: int = 3) -> d
             if repeats > 0:
                 with method.paused():
                     for j in range(len(sweep)):
-                        method.search(queries, k, sweep[j])
+                        for _ in range(WARM_PASSES):
+                            method.search(queries, k, sweep[j])
                         dts = []
                         for _ in range(repeats):
                             t0 = time.perf_counter()
@@ -121,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--search-repeats", type=int, default=3,
-                    help="timed passes per setting and step, back to back after an untimed one, "
+                    help="timed passes per setting and step, back to back after untimed ones, "
                          "with the background paused; QPS is from their median time (0: from "
                          "the recall pass alone, which follows another setting)")
     ap.add_argument("--cluster-order", choices=("auto", "on", "off"), default="auto")
