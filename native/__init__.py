@@ -15,8 +15,8 @@ import importlib
 
 from .metrics import IP, L2
 
-_SUBMODULES = ("checksum", "distances", "graph", "heap", "held", "idhash", "kmeans", "layout", "lire", "prefetch",
-               "replicas", "scan")
+_SUBMODULES = ("checksum", "distances", "graph", "heap", "held", "idhash", "kept", "kmeans", "layout", "lire",
+               "prefetch", "replicas", "scan")
 
 
 def __getattr__(name: str):
@@ -29,7 +29,7 @@ def warmup() -> None:
     """Run every kernel once on tiny inputs of the exact types the library passes."""
     import numpy as np
 
-    from . import distances, graph, heap, held, idhash, kmeans, lire, replicas, scan
+    from . import distances, graph, heap, held, idhash, kept, kmeans, lire, replicas, scan
 
     rng = np.random.default_rng(0)
     d, n = 8, 40
@@ -99,6 +99,7 @@ def warmup() -> None:
                              np.array([0], np.int64), np.array([True]), heads[:1].copy(),
                              np.array([0, 2], np.int64), cents)
     kmeans.balanced_kmeans(heads, 3, 2, 1.0, np.empty(n, np.int64), np.empty((3, d), np.float32))
+    kept.usable(np.full((2, 5), -1, np.int64), np.zeros(2, np.int64), np.ones(2, np.int64))
     table = np.full(32, -1, dtype=np.int32)
     idhash.rebuild(table, vid2ext, 8)
     idhash.insert(np.full(32, -1, dtype=np.int32), vid2ext, np.arange(8, dtype=np.int64))

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from native import distances, graph, heap, idhash, replicas, scan
+from native import distances, graph, heap, idhash, kept, replicas, scan
 
 
 def test_pairwise_matches_numpy():
@@ -62,6 +62,28 @@ def test_select_dot_rows_l2_is_squared_distance_topk():
     for i in range(40):
         want = sorted(np.flatnonzero(alive).tolist(), key=lambda j: (d[i, j], j))[:7]
         assert ids[i].tolist() == want and out[i].tolist() == d[i, want].tolist()
+
+
+def test_kept_usable_matches_the_rule_in_numpy():
+    rng = np.random.default_rng(9)
+    n = 500
+    spans = (rng.integers(0, 4, n) << 32) | rng.integers(0, 4, n)  # first chunk, chunk count
+    gens = rng.integers(0, 3, n)
+    found = np.full((n, 5), -1, dtype=np.int64)
+    held = rng.random(n) < 0.8
+    found[held, kept.START] = rng.integers(0, 1000, held.sum())
+    found[held, kept.SPAN] = np.where(rng.random(held.sum()) < 0.7, spans[held],
+                                      (rng.integers(0, 4, held.sum()) << 32) | rng.integers(0, 4, held.sum()))
+    found[held, kept.GEN] = (np.where(rng.random(held.sum()) < 0.8, gens[held], gens[held] + 1) << 1
+                             | rng.integers(0, 2, held.sum()))
+    use, whole = kept.usable(found, gens, spans)
+    mask = kept.CHUNKS_MASK
+    chunks, kspan, kgen = spans & mask, found[:, kept.SPAN], found[:, kept.GEN]
+    want = ((found[:, kept.START] >= 0) & (kgen >> 1 == gens) & (kspan >> 32 == spans >> 32)
+            & (kspan & mask <= chunks) & (chunks > 0))
+    assert np.array_equal(use, want) and 0 < want.sum() < n
+    want_whole = want & (kgen & 1 == 1) & (kspan & mask == chunks)
+    assert np.array_equal(whole, want_whole) and 0 < want_whole.sum() < want.sum()
 
 
 def _random_graph(n=600, d=16, degree=12, seed=0):

@@ -20,9 +20,11 @@ from collections import deque
 
 import numpy as np
 
-#: Columns of the per-posting table: the entry's first row (-1: none kept), its rows, the
-#: posting's span word and ``generation << 1 | lead`` when it was kept, the entry's number.
-START, ROWS, SPAN, GEN, SEQ = range(5)
+# Columns of the per-posting table: the entry's first row (-1: none kept), its rows, the
+# posting's span word and ``generation << 1 | lead`` when it was kept, the entry's number
+# (defined with the kernel that reads the table).
+from native.kept import GEN, ROWS, SEQ, SPAN, START
+
 #: The ring's first allocation; it doubles up to its capacity (see ``KeptPostings._take``).
 INITIAL_BYTES = 1 << 20
 

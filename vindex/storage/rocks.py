@@ -39,6 +39,8 @@ import numpy as np
 from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, Env, MemtableFactory, Options, Rdict,
                        WriteBatch, WriteOptions)
 
+import native
+
 from ..errors import CorruptionError, IndexLockedError, StorageError
 from ..iosched import IOScheduler
 from .base import Change, InPlace, IOClass, PostingBatch, ReadBuffers
@@ -65,7 +67,7 @@ READ_ATTEMPTS = 1000
 #: Share of ``cache_bytes`` (on top of the block cache) that postings read may take in
 #: memory (see ``RocksStore._kept``).
 KEPT_SHARE = 0.25
-_CHUNKS_MASK = (1 << 32) - 1
+_CHUNKS_MASK = native.kept.CHUNKS_MASK
 
 
 def _key(pid: int, chunk: int) -> bytes:
@@ -274,21 +276,19 @@ class RocksStore:
         else:
             spans = spans_arr[pids]
         plan = _ReadPlan()
-        chunks = spans & _CHUNKS_MASK
         rest: int | np.ndarray = pids.shape[0]  # the postings to gather: all, or these positions
         if found is None:
             usable = np.zeros(pids.shape[0], dtype=bool)
-        else:  # entries of the posting as it is now: same generation and first chunk, no chunk since dropped
-            kspan, kgen = found[:, SPAN], found[:, GEN]
-            usable = ((found[:, START] >= 0) & (kgen >> 1 == gens) & (kspan >> 32 == spans >> 32)
-                      & (kspan & _CHUNKS_MASK <= chunks) & (chunks > 0))
+        else:  # one kernel call: a search's few postings would pay ~1 us per numpy call here
+            usable, whole = native.kept.usable(found, gens, spans)
             plan.from_memory = bool(usable.any())
-            if in_place and plan.from_memory:
-                full = usable & (kgen & 1 == 1) & (kspan & _CHUNKS_MASK == chunks)
-                if full.any():
-                    index = np.flatnonzero(full)
-                    plan.in_place = (index, found[index, START], found[index, ROWS], found[index, SEQ])
-                    rest = np.flatnonzero(~full)
+            if in_place and plan.from_memory and whole.any():
+                index = np.flatnonzero(whole)
+                entries = found[index]
+                plan.in_place = (index, entries[:, START], entries[:, ROWS], entries[:, SEQ])
+                rest = np.flatnonzero(~whole)
+                if not rest.size:  # every posting stays where it is kept: nothing to fetch or gather
+                    return plan
         # Plain Python lists: for the few postings of one query, numpy call overheads would
         # cost more than the loop; for a large batch the loop stays far below the read itself.
         pack, view = _KEY.pack, self._kept.view_bytes
@@ -389,6 +389,8 @@ class RocksStore:
         allocation per batch costs more in page faults than the copy itself.
         """
         rs = self.record_size
+        if not plan.counts:  # nothing to gather (every posting of the read was left in place)
+            return self._buffers.get(0)[:0], np.zeros(1, dtype=np.int64)
         odd = [len(v) for v in values if v is not None and len(v) % rs]
         if odd:
             raise CorruptionError(
