@@ -5,7 +5,7 @@
 
 Each search step's ground truth is an exact search over the points live at that step. For
 every method and every search-parameter setting it reports recall@10 per step and on
-average, search QPS (one thread; steady rate, and first pass), and insert and
+average, search QPS (one thread; a settled rate, and one pass's), and insert and
 delete throughput. Methods: vindex, vindex with rebalancing off, faiss IVFFlat (centroids
 trained on the first batch), hnswlib (mark_deleted / replace_deleted), and vindex rebuilt
 from scratch before every search step (the ceiling). Runbooks with "clustered" in their
