@@ -100,6 +100,7 @@ def warmup() -> None:
                              np.array([0, 2], np.int64), cents)
     kmeans.balanced_kmeans(heads, 3, 2, 1.0, np.empty(n, np.int64), np.empty((3, d), np.float32))
     kept.usable(np.full((2, 5), -1, np.int64), np.zeros(2, np.int64), np.ones(2, np.int64))
+    kept.find(np.full((4, 5), -1, np.int64), np.arange(2, dtype=np.int64))
     table = np.full(32, -1, dtype=np.int32)
     idhash.rebuild(table, vid2ext, 8)
     idhash.insert(np.full(32, -1, dtype=np.int32), vid2ext, np.arange(8, dtype=np.int64))

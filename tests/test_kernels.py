@@ -76,14 +76,30 @@ def test_kept_usable_matches_the_rule_in_numpy():
                                       (rng.integers(0, 4, held.sum()) << 32) | rng.integers(0, 4, held.sum()))
     found[held, kept.GEN] = (np.where(rng.random(held.sum()) < 0.8, gens[held], gens[held] + 1) << 1
                              | rng.integers(0, 2, held.sum()))
-    use, whole = kept.usable(found, gens, spans)
+    use, whole, rest = kept.usable(found, gens, spans)
     mask = kept.CHUNKS_MASK
     chunks, kspan, kgen = spans & mask, found[:, kept.SPAN], found[:, kept.GEN]
     want = ((found[:, kept.START] >= 0) & (kgen >> 1 == gens) & (kspan >> 32 == spans >> 32)
             & (kspan & mask <= chunks) & (chunks > 0))
     assert np.array_equal(use, want) and 0 < want.sum() < n
     want_whole = want & (kgen & 1 == 1) & (kspan & mask == chunks)
-    assert np.array_equal(whole, want_whole) and 0 < want_whole.sum() < want.sum()
+    assert np.array_equal(whole, np.flatnonzero(want_whole)) and 0 < want_whole.sum() < want.sum()
+    assert np.array_equal(rest, np.flatnonzero(~want_whole))
+
+
+def test_kept_find_returns_rows_and_the_oldest_entry_found():
+    rng = np.random.default_rng(10)
+    table = np.full((50, 5), -1, dtype=np.int64)
+    held = rng.random(50) < 0.5
+    table[held, kept.START] = rng.integers(0, 999, held.sum())
+    table[held, kept.SEQ] = rng.permutation(1000)[:held.sum()]
+    pids = rng.integers(0, 70, 40)  # some past the table
+    found, oldest = kept.find(table, pids)
+    inside = pids < 50
+    assert (found[~inside] == -1).all() and np.array_equal(found[inside], table[pids[inside]])
+    seqs = found[:, kept.SEQ][found[:, kept.START] >= 0]
+    assert seqs.size and oldest == seqs.min()
+    assert kept.find(table, np.flatnonzero(~held)[:5].astype(np.int64))[1] == -1
 
 
 def _random_graph(n=600, d=16, degree=12, seed=0):

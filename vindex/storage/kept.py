@@ -20,6 +20,8 @@ from collections import deque
 
 import numpy as np
 
+import native
+
 # Columns of the per-posting table: the entry's first row (-1: none kept), its rows, the
 # posting's span word and ``generation << 1 | lead`` when it was kept, the entry's number
 # (defined with the kernel that reads the table).
@@ -61,18 +63,11 @@ class KeptPostings:
         """Each pid's table row (start -1: none kept), and a pin on every entry found: a
         token for ``release``, 0 if none was found."""
         with self.lock:
-            table = self._table
-            inside = pids < table.shape[0]
-            if inside.all():
-                found = table[pids]
-            else:
-                found = np.full((pids.shape[0], 5), -1, dtype=np.int64)
-                found[inside] = table[pids[inside]]
-            seqs = found[:, SEQ][found[:, START] >= 0]
-            if not seqs.size:
+            found, oldest = native.kept.find(self._table, pids)
+            if oldest < 0:
                 return found, 0
             token = next(self._tokens)
-            self._pins[token] = int(seqs.min())
+            self._pins[token] = int(oldest)
             return found, token
 
     def repin(self, token: int, seq: int) -> None:

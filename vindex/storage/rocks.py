@@ -280,13 +280,12 @@ class RocksStore:
         if found is None:
             usable = np.zeros(pids.shape[0], dtype=bool)
         else:  # one kernel call: a search's few postings would pay ~1 us per numpy call here
-            usable, whole = native.kept.usable(found, gens, spans)
-            plan.from_memory = bool(usable.any())
-            if in_place and plan.from_memory and whole.any():
-                index = np.flatnonzero(whole)
-                entries = found[index]
-                plan.in_place = (index, entries[:, START], entries[:, ROWS], entries[:, SEQ])
-                rest = np.flatnonzero(~whole)
+            usable, whole, others = native.kept.usable(found, gens, spans)
+            plan.from_memory = whole.size > 0 or bool(usable.any())
+            if in_place and whole.size:
+                entries = found[whole]
+                plan.in_place = (whole, entries[:, START], entries[:, ROWS], entries[:, SEQ])
+                rest = others
                 if not rest.size:  # every posting stays where it is kept: nothing to fetch or gather
                     return plan
         # Plain Python lists: for the few postings of one query, numpy call overheads would
