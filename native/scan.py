@@ -28,13 +28,8 @@ def live_ids(recs_u, versions, vid2ext):
     """Per record, its external id if it is live against the version map, else -1. Computed
     once per batch, in the same read section as the read: a writer retiring a vid rewrites
     ``vid2ext`` in place, so the ids must be taken from the state the versions were."""
-    n = recs_u.shape[0]
-    out = np.empty(n, dtype=np.int64)
-    nv = versions.shape[0]
-    for e in range(n):
-        vid = recs_u[e, 0]
-        out[e] = vid2ext[vid] if vid < nv and versions[vid] == recs_u[e, 1] else -1
-    return out
+    return live_ids_ranges(recs_u, np.zeros(1, dtype=np.int64), np.full(1, recs_u.shape[0], dtype=np.int64),
+                           versions, vid2ext)
 
 
 @nb.njit(**_q)

@@ -87,7 +87,7 @@ class KeptPostings:
 
     def view_bytes(self, start: int, rows: int) -> np.ndarray:
         """``view`` as flat bytes."""
-        return self.rows[start:start + rows].reshape(-1).view(np.uint8)
+        return self.view(start, rows).reshape(-1).view(np.uint8)
 
     def keep(self, entries: list[tuple[int, int, int, bool, np.ndarray]], *, evict: bool) -> list[bool]:
         """Keep ``(pid, span word, generation, lead, record bytes)`` entries (``lead``: the

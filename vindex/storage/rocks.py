@@ -281,7 +281,7 @@ class RocksStore:
             usable = np.zeros(pids.shape[0], dtype=bool)
         else:  # one kernel call: a search's few postings would pay ~1 us per numpy call here
             usable, whole, others = native.kept.usable(found, gens, spans)
-            plan.from_memory = whole.size > 0 or bool(usable.any())
+            plan.from_memory = bool(usable.any())
             if in_place and whole.size:
                 entries = found[whole]
                 plan.in_place = (whole, entries[:, START], entries[:, ROWS], entries[:, SEQ])
