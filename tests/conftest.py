@@ -1,7 +1,9 @@
-"""Shared fixtures: bundled data sets, brute-force oracles, compiled kernels."""
+"""Shared fixtures: bundled data sets, brute-force oracles, compiled kernels, threads run for a while."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -54,3 +56,13 @@ def brute_force(base: np.ndarray, queries: np.ndarray, k: int, metric: str = "l2
 def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
     hits = [len(set(f[:k][f[:k] >= 0].tolist()) & set(t[:k].tolist())) for f, t in zip(found, truth)]
     return float(np.mean(hits)) / k
+
+
+def run_for(threads: list[threading.Thread], seconds: float, stop: threading.Event) -> None:
+    """Start ``threads``, let them run ``seconds``, then set ``stop`` and wait for them."""
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()

@@ -14,7 +14,7 @@ import pytest
 import vindex
 import vindex.heads as heads_module
 from vindex.search import HELD_MAX_QUERIES
-from conftest import brute_force
+from conftest import brute_force, run_for
 
 ALL = dict(max_postings=4096, eps=float("inf"), ef=4096)
 
@@ -82,12 +82,7 @@ def test_concurrent_searches_and_updates(tmp_path, bigann):
                     errors.append(f"deleted ids {sorted(bad)} returned")
 
     threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader, args=(s,)) for s in range(3)]
-    for t in threads:
-        t.start()
-    time.sleep(4)
-    stop.set()
-    for t in threads:
-        t.join()
+    run_for(threads, 4, stop)
     assert not errors, errors[:5]
     assert index.wait_idle(timeout=60)
     ids = np.array(sorted(model), dtype=np.int64)

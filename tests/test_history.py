@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import vindex
+from conftest import run_for
 from history import Read, Write, check_history
 
 DIM = 8
@@ -113,12 +114,7 @@ def run_history(path, seconds: float, seed: int = 0) -> tuple[list[Write], list[
 
     threads = ([threading.Thread(target=writer, args=(w,)) for w in range(2)]
                + [threading.Thread(target=reader, args=(r,)) for r in range(4)])
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
+    run_for(threads, seconds, stop)
     # after the background is done: one more get of every id and a complete search
     assert index.wait_idle(timeout=120)
     t0 = time.monotonic_ns()

@@ -13,6 +13,8 @@ from vindex.errors import CorruptionError, StorageError
 from vindex.storage import Change, IOClass, MemoryStore, records
 from vindex.storage.rocks import RocksStore
 
+from conftest import run_for
+
 DIM = 4
 RS = 4 * (DIM + 2)
 
@@ -469,11 +471,6 @@ def test_kept_ring_under_threads_never_changes_an_entry_a_reader_holds(monkeypat
 
     threads = [threading.Thread(target=keeper, args=(s,)) for s in (1, 2)]
     threads += [threading.Thread(target=reader, args=(s,)) for s in (3, 4)]
-    for t in threads:
-        t.start()
-    time.sleep(1.5)
-    stop.set()
-    for t in threads:
-        t.join()
+    run_for(threads, 1.5, stop)
     assert not errors, errors[:3]
     assert next(stamp) > 100 and k.live_rows <= 40 and k.rows.shape[0] > 8
