@@ -5,6 +5,11 @@ kernels are ``nogil`` so searches run in parallel threads (``held`` calls them k
 for searches of a few queries); all are ``cache=True``. Call
 :func:`warmup` before serving so compilation (or cache loading) happens up front.
 
+numba checks a cached kernel against the timestamp of the file defining it only, not of the
+files whose kernels it inlines or calls: after editing ``distances.py`` in a working tree,
+delete ``native/__pycache__`` or ``scan.py``'s kernels keep the old code. (A fresh install
+writes every file anew, so it recompiles all.)
+
 Submodules load on first use (``native.graph`` imports numba then), so a process that only
 opens an index, or a command-line tool that never searches, does not pay numba's import time
 and memory (about 60 MB and half a second).

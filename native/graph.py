@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .distances import FASTMATH, L2, distance, l2sq
+from .distances import FASTMATH, L2, distance, l2sq, to_rows
 from . import heap
 from .prefetch import prefetch_row
 
@@ -122,8 +122,7 @@ def exact_search(queries, heads, alive, metric, m, eps, out_ids, out_d):
     hd = np.empty(m, dtype=np.float32)
     hi = np.empty(m, dtype=np.int64)
     for i in range(queries.shape[0]):
-        for j in range(heads.shape[0]):
-            row[j] = distance(metric, queries[i], heads[j]) if alive[j] else np.inf
+        to_rows(metric, queries[i], heads, 0, heads.shape[0], 0, row)  # ``smallest`` skips dead heads
         size = heap.smallest(row, alive, hd, hi)
         counts[i] = heap.emit_pruned(hd, hi, size, eps, out_ids[i], out_d[i])
     return counts

@@ -16,7 +16,7 @@ import numba as nb
 import numpy as np
 
 from . import heap
-from .distances import FASTMATH, L2
+from .distances import FASTMATH, to_rows
 
 _q = dict(cache=True, nogil=True, fastmath=FASTMATH)
 
@@ -101,32 +101,28 @@ def scan_grouped(recs_f, starts, ends, ids, id_starts, q_lo, q_hi, q_idx, querie
     when it is not live: ``live_ids``), wanted by queries ``q_idx[q_lo[p]:q_hi[p]]``. Heaps
     ``heap_d/heap_i (nq, k)`` and ``sizes`` carry over between calls, so a batch can be
     scanned in pieces."""
-    d = queries.shape[1]
+    longest = 0
+    for p in range(starts.shape[0]):
+        longest = max(longest, ends[p] - starts[p])
+    dist = np.empty(longest, dtype=np.float32)
     for p in range(starts.shape[0]):
         e0 = starts[p]
         e1 = ends[p]
         shift = id_starts[p] - e0
         for t in range(q_lo[p], q_hi[p]):
             qi = q_idx[t]
-            q = queries[qi]
             hd = heap_d[qi]
             hi = heap_i[qi]
             size = sizes[qi]
+            # every record's distance first (dead ones too: no branch in the arithmetic)
+            to_rows(metric, queries[qi], recs_f, e0, e1, RECORD_HEADER_WORDS, dist)
             worst = hd[0] if size == hd.shape[0] else np.float32(np.inf)
             for e in range(e0, e1):
+                s = dist[e - e0]
+                if s > worst:
+                    continue
                 ext = ids[e + shift]
                 if ext < 0:
-                    continue
-                s = np.float32(0.0)
-                if metric == L2:
-                    for j in range(d):
-                        diff = q[j] - recs_f[e, RECORD_HEADER_WORDS + j]
-                        s += diff * diff
-                else:
-                    for j in range(d):
-                        s += q[j] * recs_f[e, RECORD_HEADER_WORDS + j]
-                    s = -s
-                if s > worst:
                     continue
                 if heap.accepts(hd, hi, size, s, ext) and not heap.contains(hi, size, ext):
                     size = heap.push(hd, hi, size, s, ext)

@@ -19,6 +19,40 @@ def test_pairwise_matches_numpy():
     np.testing.assert_allclose(ip, -(a @ b.T), rtol=1e-5, atol=1e-4)
 
 
+
+@pytest.mark.parametrize("metric", [distances.L2, distances.IP])
+def test_to_rows_matches_numpy_for_every_tail_length(metric):
+    # rows are processed four at a time, then one at a time: lengths 0-9 cover every tail
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((20, 2 + 37)).astype(np.float32)  # two header columns, as records
+    q = rng.standard_normal(37).astype(np.float32)
+    x = rows[:, 2:]
+    want = ((x - q) ** 2).sum(1) if metric == distances.L2 else -(x @ q)
+    for lo in (0, 3):
+        for n in range(10):
+            out = np.full(n + 1, np.nan, np.float32)
+            distances.to_rows(metric, q, rows, lo, lo + n, 2, out)
+            np.testing.assert_allclose(out[:n], want[lo:lo + n], rtol=1e-5, atol=1e-4)
+            assert np.isnan(out[n])  # writes nothing past the rows asked for
+
+
+@pytest.mark.parametrize("metric", [distances.L2, distances.IP])
+def test_to_rows_gives_a_row_the_same_bits_wherever_it_sits(metric):
+    # replicas of one vector sit at different positions in different postings: a search
+    # must find them exactly tied, whichever copy it meets first
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal(128).astype(np.float32)
+    v = rng.standard_normal(2 + 128).astype(np.float32)
+    seen = set()
+    for n in range(1, 10):
+        for at in range(n):
+            rows = rng.standard_normal((n, 2 + 128)).astype(np.float32)
+            rows[at] = v
+            out = np.empty(n, np.float32)
+            distances.to_rows(metric, q, rows, 0, n, 2, out)
+            seen.add(out[at].tobytes())
+    assert len(seen) == 1
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 20), min_size=0, max_size=200), st.integers(1, 12))
 def test_select_dot_rows_is_topk_with_id_ties(values, m):
@@ -113,6 +147,24 @@ def _random_graph(n=600, d=16, degree=12, seed=0):
                           visited, bd, bi, bx)
     return heads, nbrs, entries
 
+
+
+@pytest.mark.parametrize("metric", [distances.L2, distances.IP])
+def test_exact_head_search_is_brute_force_over_alive_heads(metric):
+    rng = np.random.default_rng(5)
+    heads = rng.standard_normal((23, 9)).astype(np.float32)
+    alive = rng.random(23) < 0.7
+    q = rng.standard_normal((4, 9)).astype(np.float32)
+    m = 6
+    ids = np.empty((4, m), np.int32)
+    out = np.empty((4, m), np.float32)
+    counts = graph.exact_search(q, heads, alive, metric, m, np.inf, ids, out)
+    d = distances.pairwise(metric, q, heads)
+    d[:, ~alive] = np.inf
+    for i in range(4):
+        assert counts[i] == m
+        assert ids[i].tolist() == np.argsort(d[i], kind="stable")[:m].tolist()
+        np.testing.assert_allclose(out[i], np.sort(d[i])[:m], rtol=1e-5, atol=1e-5)
 
 def _search(heads, nbrs, entries, q, m, ef=64, stamp=1):
     visited = np.zeros(heads.shape[0], np.uint32)
