@@ -394,6 +394,24 @@ def test_kept_ring_stops_keeping_whole_postings_while_they_do_not_fit_and_starts
     assert k.keep_whole and list(k.entries()) == [2] and k.live_bytes == RS
 
 
+
+def test_kept_ring_grows_without_copying_its_records(monkeypatch):
+    # growing by copying into a larger array held up the search whose keep triggered it
+    # (485 ms for a 128 MiB ring); the array is reserved once and the ring's end moves on
+    from vindex.storage import kept
+    from vindex.storage.kept import KeptPostings
+
+    monkeypatch.setattr(kept, "INITIAL_BYTES", 4 * RS)
+    k = KeptPostings(64 * RS, RS)
+    rows = k.rows
+    assert k.allocated_bytes == 4 * RS
+    for pid in range(8):  # 24 rows, all in use: the ring grows past 4 rows
+        assert k.keep([(pid, 1, 0, True, _rows(3, 10 * pid))], evict=False) == [True]
+    assert k.rows is rows and 24 * RS <= k.allocated_bytes <= 64 * RS
+    found, token = k.find(np.arange(8))
+    assert [k.view(int(r[0]), 3)[:, 0].tolist() for r in found] == [[10 * p, 10 * p + 1, 10 * p + 2] for p in range(8)]
+    k.release(token)
+
 def test_kept_ring_never_overwrites_rows_a_reader_holds():
     from vindex.storage.kept import KeptPostings
 
@@ -473,4 +491,4 @@ def test_kept_ring_under_threads_never_changes_an_entry_a_reader_holds(monkeypat
     threads += [threading.Thread(target=reader, args=(s,)) for s in (3, 4)]
     run_for(threads, 1.5, stop)
     assert not errors, errors[:3]
-    assert next(stamp) > 100 and k.live_rows <= 40 and k.rows.shape[0] > 8
+    assert next(stamp) > 100 and k.live_rows <= 40 and k.allocated_bytes > 8 * rs

@@ -11,10 +11,19 @@ entries' rows, at its start: entries are overwritten oldest first. The ring star
 grows at its end, up to its capacity, while much of it is in use. Entries are numbered in the
 order they are taken. A reader pins the lowest number it uses until it is done with the rows; an
 entry that would overwrite a pinned one is not kept.
+
+The array is allocated at full capacity once, and the ring's end only moves further into
+it: the operating system maps its pages as they are first written, so its memory still
+follows the ring's length, and growing copies nothing. (Growing by copying into a doubled
+array ran in the search that triggered it, holding it up: on 200k x 128 with a 128 MiB
+share, batch-1 searches stalled 51, 118, 213 and, for the last 63 rows of capacity, 485 ms.)
+The pages are small ones: see ``_reserve``.
 """
 from __future__ import annotations
 
 import itertools
+import logging
+import mmap
 import threading
 from collections import deque
 
@@ -27,7 +36,9 @@ import native
 # (defined with the kernel that reads the table).
 from native.kept import GEN, ROWS, SEQ, SPAN, START
 
-#: The ring's first allocation; it doubles up to its capacity (see ``KeptPostings._take``).
+log = logging.getLogger(__name__)
+
+#: The ring's first length; it doubles up to its capacity (see ``KeptPostings._take``).
 INITIAL_BYTES = 1 << 20
 
 
@@ -37,7 +48,9 @@ class KeptPostings:
     def __init__(self, cap_bytes: int, record_size: int):
         self.record_size = record_size
         self.capacity = max(cap_bytes, 0) // record_size
-        self.rows = np.zeros((min(self.capacity, INITIAL_BYTES // record_size), record_size // 4), dtype=np.uint32)
+        self.rows = _reserve(self.capacity, record_size // 4)
+        self.capacity = self.rows.shape[0]
+        self._size = min(self.capacity, INITIAL_BYTES // record_size)  # the ring's length so far
         self.lock = threading.Lock()
         self._table = np.full((1024, 5), -1, dtype=np.int64)
         self._order: deque[tuple[int, int, int, int]] = deque()  # (number, start, rows, pid), oldest first
@@ -45,8 +58,6 @@ class KeptPostings:
         self._seq = 0  # the next entry's number
         self._pins: dict[int, int] = {}  # token -> lowest entry number its holder uses
         self._tokens = itertools.count(1)
-        self._copying = 0  # entries taken whose records are still being copied in
-        self._growing = False  # the ring is being copied into a larger array: nothing is taken
         self.live_rows = 0
         #: New whole postings are kept while the postings read fit in the ring (see ``_take``).
         self.keep_whole = True
@@ -57,7 +68,8 @@ class KeptPostings:
 
     @property
     def allocated_bytes(self) -> int:
-        return self.rows.nbytes
+        """The ring's length in bytes: the most of its memory written so far."""
+        return self._size * self.record_size
 
     def find(self, pids: np.ndarray) -> tuple[np.ndarray, int]:
         """Each pid's table row (start -1: none kept), and a pin on every entry found: a
@@ -100,9 +112,6 @@ class KeptPostings:
         if not self.capacity:
             return [False] * len(entries)
         rs = self.record_size
-        n = sum(len(e[4]) for e in entries) // rs
-        if self._head + n > self.rows.shape[0] and self._should_grow(n):  # a hint: no lock held
-            self._grow(self._head + n)
         token = next(self._tokens)
         with self.lock:
             placed, flags = [], []
@@ -115,14 +124,12 @@ class KeptPostings:
                     placed.append((pid, span, gen, lead, data, *taken))
             if not placed:
                 return flags
-            self._copying += len(placed)
         try:
             for _, _, _, _, data, _, start, n in placed:
                 self.view_bytes(start, n)[:] = np.frombuffer(data, dtype=np.uint8)
         finally:
             with self.lock:
                 del self._pins[token]
-                self._copying -= len(placed)
                 table = self._ensure(max(p[0] for p in placed))
                 for pid, span, gen, lead, _, seq, start, n in placed:
                     if table[pid, START] >= 0:
@@ -148,9 +155,9 @@ class KeptPostings:
         share, which the postings outgrow, batch-1 p50 0.19-0.24 ms against 0.21-0.27.)"""
         if n == 0 or n > self.capacity:
             return None
-        head, size = self._head, self.rows.shape[0]
-        if self._growing or (head + n > size and self._should_grow(n)):  # grown in ``keep``
-            return None
+        head, size = self._head, self._size
+        if head + n > size and self._should_grow(n):
+            size = self._size = min(self.capacity, max(head + n, 2 * size))
         start = head if head + n <= size else 0
         popped, in_use = self._overwritten(head, start, n)
         if popped is None or (in_use and not evict and size == self.capacity):
@@ -173,7 +180,7 @@ class KeptPostings:
 
     def _should_grow(self, n: int) -> bool:
         """At the ring's end, with ``n`` rows to take: grow rather than wrap (see ``_take``)."""
-        size = self.rows.shape[0]
+        size = self._size
         return size < self.capacity and 4 * (self.live_rows + n) >= size
 
     def _overwritten(self, head: int, start: int, n: int) -> tuple[int | None, bool]:
@@ -197,26 +204,6 @@ class KeptPostings:
         t = self._table
         return pid < t.shape[0] and t[pid, START] >= 0 and t[pid, SEQ] == seq
 
-    def _grow(self, rows: int) -> None:
-        """Make the ring at least ``rows`` long (up to its capacity), unless records are being
-        copied in (they would miss the new array) or another thread is growing it. The copy
-        runs outside the lock, so searches keep finding entries meanwhile (in the old array:
-        what they use is the same in both); nothing is taken until the new array is in place."""
-        with self.lock:
-            old = self.rows
-            if self._copying or self._growing or old.shape[0] >= min(rows, self.capacity):
-                return
-            self._growing = True
-        grown = None
-        try:
-            grown = np.zeros((min(self.capacity, max(rows, 2 * old.shape[0])), old.shape[1]), dtype=np.uint32)
-            grown[:old.shape[0]] = old
-        finally:
-            with self.lock:
-                if grown is not None:
-                    self.rows = grown
-                self._growing = False
-
     def _ensure(self, pid: int) -> np.ndarray:
         if pid >= self._table.shape[0]:
             grown = np.full((max(pid + 1, 2 * self._table.shape[0]), 5), -1, dtype=np.int64)
@@ -231,3 +218,21 @@ class KeptPostings:
             t = self._table
             return {p: (int(t[p, SPAN]), int(t[p, GEN] >> 1), bool(t[p, GEN] & 1), int(t[p, ROWS]))
                     for seq, _, _, p in self._order if self._in_use(seq, p)}
+
+
+def _reserve(rows: int, cols: int) -> np.ndarray:
+    """Zeroed ``(rows, cols) uint32`` in anonymous memory whose pages are mapped as first
+    written, in small pages: with transparent huge pages (numpy asks for them on large
+    arrays) the first write to each 2 MiB costs one search the whole huge page at once, up
+    to ~5 ms on a VM touching fresh memory, where small pages spread the cost over the keeps.
+    Fewer rows if the operating system refuses that much address space."""
+    while True:
+        try:
+            mem = mmap.mmap(-1, max(rows * cols * 4, 1))
+        except (OSError, ValueError, OverflowError):
+            log.warning("kept postings: cannot reserve %d bytes; halving the share", rows * cols * 4)
+            rows //= 2
+            continue
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            mem.madvise(mmap.MADV_NOHUGEPAGE)
+        return np.frombuffer(mem, dtype=np.uint32, count=rows * cols).reshape(rows, cols)
