@@ -43,7 +43,6 @@ def distance(metric, a, b):
     return neg_dot(a, b)
 
 
-
 @nb.njit(inline="always", **_opts)
 def to_rows(metric, q, rows, lo, hi, col0, out):
     """``out[r - lo] = distance(metric, q, rows[r, col0:])`` for ``r`` in ``lo:hi``.
@@ -88,6 +87,7 @@ def to_rows(metric, q, rows, lo, hi, col0, out):
         out[r1 - lo] = s1
         out[r2 - lo] = s2
         out[r3 - lo] = s3
+
 
 @nb.njit(**_opts)
 def pairwise(metric, xs, ys):

@@ -19,10 +19,9 @@ def test_pairwise_matches_numpy():
     np.testing.assert_allclose(ip, -(a @ b.T), rtol=1e-5, atol=1e-4)
 
 
-
 @pytest.mark.parametrize("metric", [distances.L2, distances.IP])
 def test_to_rows_matches_numpy_for_every_tail_length(metric):
-    # rows are processed four at a time, then one at a time: lengths 0-9 cover every tail
+    # rows go four at a time, the last group padded with its last row: lengths 0-9 cover every tail
     rng = np.random.default_rng(3)
     rows = rng.standard_normal((20, 2 + 37)).astype(np.float32)  # two header columns, as records
     q = rng.standard_normal(37).astype(np.float32)
@@ -52,6 +51,7 @@ def test_to_rows_gives_a_row_the_same_bits_wherever_it_sits(metric):
             distances.to_rows(metric, q, rows, 0, n, 2, out)
             seen.add(out[at].tobytes())
     assert len(seen) == 1
+
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 20), min_size=0, max_size=200), st.integers(1, 12))
@@ -148,7 +148,6 @@ def _random_graph(n=600, d=16, degree=12, seed=0):
     return heads, nbrs, entries
 
 
-
 @pytest.mark.parametrize("metric", [distances.L2, distances.IP])
 def test_exact_head_search_is_brute_force_over_alive_heads(metric):
     rng = np.random.default_rng(5)
@@ -165,6 +164,7 @@ def test_exact_head_search_is_brute_force_over_alive_heads(metric):
         assert counts[i] == m
         assert ids[i].tolist() == np.argsort(d[i], kind="stable")[:m].tolist()
         np.testing.assert_allclose(out[i], np.sort(d[i])[:m], rtol=1e-5, atol=1e-5)
+
 
 def _search(heads, nbrs, entries, q, m, ef=64, stamp=1):
     visited = np.zeros(heads.shape[0], np.uint32)

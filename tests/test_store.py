@@ -394,7 +394,6 @@ def test_kept_ring_stops_keeping_whole_postings_while_they_do_not_fit_and_starts
     assert k.keep_whole and list(k.entries()) == [2] and k.live_bytes == RS
 
 
-
 def test_kept_ring_grows_without_copying_its_records(monkeypatch):
     # growing by copying into a larger array held up the search whose keep triggered it
     # (485 ms for a 128 MiB ring); the array is reserved once and the ring's end moves on
@@ -411,6 +410,7 @@ def test_kept_ring_grows_without_copying_its_records(monkeypatch):
     found, token = k.find(np.arange(8))
     assert [k.view(int(r[0]), 3)[:, 0].tolist() for r in found] == [[10 * p, 10 * p + 1, 10 * p + 2] for p in range(8)]
     k.release(token)
+
 
 def test_kept_ring_never_overwrites_rows_a_reader_holds():
     from vindex.storage.kept import KeptPostings
