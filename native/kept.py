@@ -11,7 +11,7 @@ START, ROWS, SPAN, GEN, SEQ = range(5)
 CHUNKS_MASK = (1 << 32) - 1
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True)  # keeps the GIL: microseconds of work on the search path, where a release costs a hand-off
 def find(table, pids):
     """``(rows, oldest)``: each pid's table row (start -1 where none is kept, or the pid is
     past the table) and the smallest entry number among those found (-1 if none)."""
@@ -28,7 +28,7 @@ def find(table, pids):
     return out, oldest
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True)  # keeps the GIL: microseconds of work on the search path, where a release costs a hand-off
 def usable(found, gens, spans):
     """``(usable, whole, rest)`` for the postings of a read, given their kept entries' table
     rows ``found`` (start -1: none) and the directory's generations and span words now.

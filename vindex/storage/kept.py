@@ -125,8 +125,11 @@ class KeptPostings:
             if not placed:
                 return flags
         try:
+            # memoryview copies keep the GIL (numpy's release it above a few hundred bytes,
+            # and beside a thread running Python each release costs a search a switch interval)
+            ring = memoryview(self.rows).cast("B")
             for _, _, _, _, data, _, start, n in placed:
-                self.view_bytes(start, n)[:] = np.frombuffer(data, dtype=np.uint8)
+                ring[start * rs:(start + n) * rs] = data
         finally:
             with self.lock:
                 del self._pins[token]
