@@ -20,8 +20,8 @@ import importlib
 
 from .metrics import IP, L2
 
-_SUBMODULES = ("checksum", "distances", "graph", "heap", "held", "idhash", "kept", "kmeans", "layout", "lire",
-               "prefetch", "replicas", "scan")
+_SUBMODULES = ("checksum", "distances", "graph", "heap", "held", "idhash", "kept", "kept_table", "kmeans", "layout",
+               "lire", "prefetch", "replicas", "scan")
 
 
 def __getattr__(name: str):

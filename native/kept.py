@@ -5,10 +5,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-#: The kept table's columns (``vindex.storage.kept`` uses these).
-START, ROWS, SPAN, GEN, SEQ = range(5)
-#: A span word is ``first chunk << 32 | chunk count``.
-CHUNKS_MASK = (1 << 32) - 1
+from .kept_table import CHUNKS_MASK, GEN, SEQ, SPAN, START
 
 
 @nb.njit(cache=True)  # keeps the GIL: microseconds of work on the search path, where a release costs a hand-off

@@ -1,6 +1,8 @@
 """The public Index API: exactness, recall, persistence, updates."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -102,6 +104,19 @@ def test_one_dimensional_query_and_padding(tmp_path):
     assert (res.ids[0, 5:] == -1).all() and np.isinf(res.distances[0, 5:]).all()
     ids, dists = res
     assert ids is res.ids and dists is res.distances
+
+
+@pytest.mark.parametrize("store", ["rocksdb", "blocks"])
+def test_opening_an_index_does_not_load_numba(tmp_path, store):
+    # native's submodules load on first use: a process that opens an index and never
+    # searches (the command line's stats, say) does not pay numba's import time and memory
+    vindex.Index.create(tmp_path / "n", dim=8, store=store).close()
+    script = (f"import sys, vindex\n"
+              f"with vindex.Index.open({str(tmp_path / 'n')!r}) as index:\n"
+              f"    index.stats()\n"
+              f"assert 'numba' not in sys.modules, sorted(m for m in sys.modules if m.startswith('native'))\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
 
 
 def test_add_into_built_index_then_reopen_replays_log(tmp_path, bigann):

@@ -31,10 +31,8 @@ import numpy as np
 
 import native
 
-# Columns of the per-posting table: the entry's first row (-1: none kept), its rows, the
-# posting's span word and ``generation << 1 | lead`` when it was kept, the entry's number
-# (defined with the kernel that reads the table).
-from native.kept import GEN, ROWS, SEQ, SPAN, START
+# Columns of the per-posting table (see native.kept_table)
+from native.kept_table import GEN, ROWS, SEQ, SPAN, START
 
 log = logging.getLogger(__name__)
 

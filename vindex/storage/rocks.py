@@ -40,6 +40,7 @@ from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, Env, Memtabl
                        WriteBatch, WriteOptions)
 
 import native
+from native.kept_table import CHUNKS_MASK as _CHUNKS_MASK
 
 from ..errors import CorruptionError, IndexLockedError, StorageError
 from ..iosched import IOScheduler
@@ -67,7 +68,6 @@ READ_ATTEMPTS = 1000
 #: Share of ``cache_bytes`` (on top of the block cache) that postings read may take in
 #: memory (see ``RocksStore._kept``).
 KEPT_SHARE = 0.25
-_CHUNKS_MASK = native.kept.CHUNKS_MASK
 
 
 def _key(pid: int, chunk: int) -> bytes:
