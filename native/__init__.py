@@ -49,6 +49,7 @@ def warmup() -> None:
     graph.remove_nodes(removed, heads, nbrs, 1.44, touched)
     graph.insert_nodes(np.array([3], np.int32), heads, nbrs, entries, 1.44, visited, n + 30, bd, bi, bx,
                        touched)
+    graph.connect(n, np.ones(n, np.bool_), entries, heads, nbrs, touched)
     q = heads[:2].copy()
     for metric in (distances.L2, distances.IP):
         ids = np.empty((2, 8), np.int32)

@@ -537,3 +537,56 @@ def test_entry_points_repeat_for_the_same_changes():
         entries.append(g.entries.copy())
     np.testing.assert_array_equal(entries[0], entries[1])
     assert np.isin(entries[0], np.arange(600, 1100)).any()  # later heads did become entries
+
+
+# Runs in a fresh process: after ``vindex.warmup()``, building, upserting (splits, merges,
+# reassignments), deleting, searching (1 query: the GIL-holding kernels; 100: the nogil ones),
+# closing and reopening on both stores loads no kernel. A kernel loaded later does so holding
+# the GIL: the first split after `vindex serve` was ready stalled every search ~50 ms while
+# ``graph.connect`` loaded from numba's cache (bench.sla, 2026-12-02).
+_WARM_SCRIPT = """
+import importlib, json, sys, tempfile
+import numpy as np
+import native, vindex
+
+def signatures():
+    out = {}
+    for name in native._SUBMODULES:
+        mod = importlib.import_module("native." + name)
+        for attr, obj in vars(mod).items():
+            if hasattr(obj, "signatures") and getattr(obj, "__module__", "") == mod.__name__:
+                out[name + "." + attr] = len(obj.signatures)
+    return out
+
+vindex.warmup()
+before = signatures()
+rng = np.random.default_rng(3)
+x = rng.standard_normal((6000, 8)).astype(np.float32)
+with tempfile.TemporaryDirectory() as tmp:
+    for store in ("rocksdb", "blocks"):
+        path = tmp + "/" + store
+        with vindex.Index.build(path, x[:2000], store=store, posting_limit_bytes=1024) as index:
+            for lo in range(2000, 6000, 500):
+                index.upsert(np.arange(lo, lo + 500), x[lo:lo + 500])
+            index.delete(np.arange(0, 1800))
+            assert index.wait_idle(120)
+            assert index.stats()["splits"] > 0 and index.stats()["merges"] > 0
+            index.search(x[0], 5)
+            index.search(x[:100], 5)
+            index.get(np.arange(10))
+        with vindex.Index.open(path) as again:
+            again.search(x[1], 5)
+            again.search(x[:100], 5)
+after = signatures()
+print(json.dumps({k: [before.get(k, 0), v] for k, v in after.items() if v != before.get(k, 0)}))
+"""
+
+
+def test_warmup_loads_every_kernel_the_library_calls():
+    import json
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", _WARM_SCRIPT], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == {}

@@ -284,7 +284,9 @@ class RocksStore:
             plan.from_memory = bool(usable.any())
             if in_place and whole.size:
                 entries = found[whole]
-                plan.in_place = (whole, entries[:, START], entries[:, ROWS], entries[:, SEQ])
+                # a column of the table is strided: the kernels take contiguous arrays (another
+                # layout would compile, or load, a second version inside a search)
+                plan.in_place = (whole, np.ascontiguousarray(entries[:, START]), entries[:, ROWS], entries[:, SEQ])
                 rest = others
                 if not rest.size:  # every posting stays where it is kept: nothing to fetch or gather
                     return plan
