@@ -80,7 +80,6 @@ def _syscall(nr: int, *args: int) -> int:
     return res
 
 
-
 @contextmanager
 def thread_ioprio(value: int | None) -> Iterator[None]:
     """Run the block with the calling thread's I/O priority set to ``value`` (None: leave it),
