@@ -12,11 +12,15 @@ each copy runs one of:
 * ``fifo``: A and B, one shared I/O queue, background unpaced;
 * ``sla``: A and B, a queue per class, background paced to A's p99 target;
 * ``burner`` (with ``--burner``): A only, while another process keeps every core busy with
-  matrix products at the same CPU priority: how much of the ``sla`` slowdown is the cores
-  alone, with no GIL shared.
+  matrix products at B's CPU priority (``--burner-nice``, nice 10): how much of the ``sla``
+  slowdown is the cores alone, with no GIL shared;
+* ``disk`` (with ``--disk-load``): A only, while another process (``bench.diskload``) replays
+  B's disk traffic as measured in the same round's ``sla`` run (its reads and writes a
+  second, less A's own reads alone): how much of the slowdown is the disk alone.
 
 Reported per mode, as medians over ``--repeat`` runs taken round robin: A's p50/p99/p99.9
-and its p99 over the store's ``alone`` p99, B's rows/s and its ratio to ``fifo``. Then, per
+and its p99 over the store's ``alone`` p99, B's rows/s and its ratio to ``fifo``, and the
+disk's reads and writes a second over each measured window (``/proc/diskstats``). Then, per
 store with its caches off (the block store reads with O_DIRECT; RocksDB gets a 1 MiB block
 cache and keeps no postings in memory, the OS page cache stays), the fewest postings per
 query reaching recall@10 >= 0.90 and batch-size-1 p50/p99 and QPS there.
@@ -37,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 import vindex
-from vindex.iosched import lower_thread_priority
+from vindex.iosched import LOW_PRIORITY_NICE, lower_thread_priority
 
 from . import datasets, measure, report, synthetic
 
@@ -48,6 +52,54 @@ BURNER = ("import numpy as np\n"
           "while True:\n    a = np.tanh(a @ a)\n")
 #: Caches off: RocksDB's block cache at the store's floor (1 MiB), no postings kept in memory.
 COLD_CACHE = 0
+
+
+def disk_counters(path: str) -> np.ndarray | None:
+    """``/proc/diskstats``' (reads, sectors read, writes, sectors written) for the device
+    holding ``path``; None where there is no such file (not Linux)."""
+    dev = os.stat(path).st_dev
+    try:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                x = line.split()
+                if (int(x[0]), int(x[1])) == (os.major(dev), os.minor(dev)):
+                    return np.array([int(x[3]), int(x[5]), int(x[7]), int(x[9])], dtype=np.float64)
+    except OSError:
+        return None
+    return None
+
+
+def disk_rates(before: np.ndarray | None, after: np.ndarray | None, seconds: float) -> dict | None:
+    """Requests and MiB a second, and mean request sizes in KiB, between two samples."""
+    if before is None or after is None:
+        return None
+    reads, rsec, writes, wsec = (after - before).tolist()
+    return {"reads_per_s": reads / seconds, "read_mib_per_s": rsec * 512 / 2**20 / seconds,
+            "read_kib": rsec * 512 / 1024 / max(reads, 1),
+            "writes_per_s": writes / seconds, "write_mib_per_s": wsec * 512 / 2**20 / seconds,
+            "write_kib": wsec * 512 / 1024 / max(writes, 1)}
+
+
+def b_traffic(sla: dict, alone: dict) -> dict | None:
+    """B's disk traffic: the ``sla`` run's less what A alone read."""
+    if sla.get("disk") is None or alone.get("disk") is None:
+        return None
+    d, a = sla["disk"], alone["disk"]
+    return {"reads_per_s": max(0.0, d["reads_per_s"] - a["reads_per_s"]), "read_kib": d["read_kib"],
+            "write_mib_per_s": d["write_mib_per_s"], "write_kib": d["write_kib"]}
+
+
+def start_disk_load(work: str, traffic: dict) -> subprocess.Popen:
+    """``bench.diskload`` replaying ``traffic``, once it has filled its file."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.diskload", "--file", os.path.join(work, "diskload.bin"),
+         "--write-mb-s", f"{traffic['write_mib_per_s']:.3f}", "--write-kib", f"{traffic['write_kib']:.1f}",
+         "--reads-s", f"{traffic['reads_per_s']:.1f}", "--read-kib", f"{traffic['read_kib']:.1f}"],
+        stdout=subprocess.PIPE, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if proc.stdout.readline().strip() != b"ready":
+        proc.kill()
+        raise RuntimeError(f"bench.diskload exited with {proc.wait()} before it was ready")
+    return proc
 
 
 def open_loop(index: vindex.Index, queries: np.ndarray, rate: float, seconds: float, m: int,
@@ -92,15 +144,18 @@ class Ingest(threading.Thread):
 
 
 def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.ndarray, n: int,
-            args: argparse.Namespace, target_ms: float) -> dict:
+            args: argparse.Namespace, target_ms: float, replay: dict | None = None) -> dict:
     path = os.path.join(work, f"run-{mode}")
     shutil.rmtree(path, ignore_errors=True)
     shutil.copytree(base_dir, path)
     burner = None
     if mode == "burner":  # before the index opens: no fork while RocksDB is open
         threads = str(os.cpu_count() or 1)
-        burner = subprocess.Popen([sys.executable, "-c", BURNER],
+        burner = subprocess.Popen(["nice", "-n", str(args.burner_nice), sys.executable, "-c", BURNER],
                                   env=dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads))
+        time.sleep(args.warmup)
+    elif mode == "disk":
+        burner = start_disk_load(work, replay)
         time.sleep(args.warmup)
     try:
         index = vindex.Index.open(path, io_scheduler="fifo" if mode == "fifo" else "sla",
@@ -115,13 +170,14 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
         vindex.freeze_heap()  # as `vindex serve` does once it is ready (vindex/gcpause.py)
         before = index.stats()
         ingest = None
-        if mode not in ("alone", "burner"):
+        if mode in ("fifo", "sla"):
             ingest = Ingest(index, extra, n, args.batch, low_priority=mode == "sla")
             ingest.start()
             time.sleep(args.warmup)
-        rows0, t0 = (ingest.rows if ingest else 0), time.perf_counter()
+        rows0, t0, disk0 = (ingest.rows if ingest else 0), time.perf_counter(), disk_counters(path)
         lat = open_loop(index, queries, args.rate, args.seconds, args.max_postings)
         took = time.perf_counter() - t0
+        disk = disk_rates(disk0, disk_counters(path), took)
         rows = (ingest.rows - rows0) if ingest else 0
         if ingest:
             ingest.stop_flag.set()
@@ -130,15 +186,19 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
         out = {"a": measure.percentiles(lat[np.isfinite(lat)]), "a_latencies_ms": (np.sort(lat) * 1e3).tolist(),
                "b_rows_per_s": rows / took,
                "splits": after["splits"] - before["splits"], "reassigns": after["reassigns"] - before["reassigns"],
-               "store_io": after.get("store", {}).get("io")}
+               "store_io": after.get("store", {}).get("io"), "disk": disk, "replayed": replay}
+        io = (f"; disk {disk['reads_per_s']:.0f} reads/s ({disk['read_mib_per_s']:.0f} MiB/s), "
+              f"{disk['writes_per_s']:.0f} writes/s ({disk['write_mib_per_s']:.0f} MiB/s)") if disk else ""
         print(f"  [{mode}] A p50 {out['a']['p50']:.2f} p99 {out['a']['p99']:.2f} p99.9 {out['a']['p999']:.2f} ms; "
-              f"B {out['b_rows_per_s']:.0f} rows/s; splits {out['splits']}", file=sys.stderr, flush=True)
+              f"B {out['b_rows_per_s']:.0f} rows/s; splits {out['splits']}{io}", file=sys.stderr, flush=True)
         return out
     finally:
         index.close()
         if burner:
             burner.kill()
             burner.wait()
+            if burner.stdout:
+                burner.stdout.close()
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -151,6 +211,8 @@ def median_run(runs: list[dict]) -> dict:
            "a_latencies_ms": [x for r in runs for x in r["a_latencies_ms"]]}
     for k in ("splits", "reassigns", "store_io"):
         out[k] = runs[-1][k]
+    out["runs_disk"] = [r["disk"] for r in runs]
+    out["runs_replayed"] = [r["replayed"] for r in runs]
     return out
 
 
@@ -213,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the GIL switch interval, as `vindex serve` sets it (Python's default is 5)")
     ap.add_argument("--burner", action="store_true",
                     help="also run A beside a CPU-bound process on every core (no GIL shared)")
+    ap.add_argument("--burner-nice", type=int, default=LOW_PRIORITY_NICE,
+                    help="the burner's nice value (default: the one B's threads run at under sla)")
+    ap.add_argument("--disk-load", action="store_true",
+                    help="also run A beside another process replaying B's disk traffic (no GIL shared)")
     ap.add_argument("--recall-queries", type=int, default=1000)
     ap.add_argument("--latency-queries", type=int, default=2000)
     ap.add_argument("--out", default="bench/results")
@@ -224,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     gt, _ = datasets.ground_truth(base, queries[: args.recall_queries], 10, "l2")
     measure.limit_threads(os.cpu_count() or 1)
     sys.setswitchinterval(args.switch_interval_ms / 1000)
+    vindex.warmup()  # as `vindex serve` does before it is ready: no kernel loads inside a run
     result: dict = {"meta": {"n": n, "rate": args.rate, "seconds": args.seconds, "repeat": args.repeat,
                              "batch": args.batch,
                              "max_postings": args.max_postings, "switch_interval_ms": args.switch_interval_ms,
@@ -238,11 +305,14 @@ def main(argv: list[str] | None = None) -> int:
             result["cold"][store] = cold_search(base_dir, queries, gt, args)
             runs = result["stores"][store] = {}
             target = args.p99_target_ms
-            modes = MODES + (("burner",) if args.burner else ())
+            modes = MODES + (("burner",) if args.burner else ()) + (("disk",) if args.disk_load else ())
             reps: dict[str, list[dict]] = {m: [] for m in modes}
             for rep in range(args.repeat):  # round robin, so drift on the machine hits every mode
                 for mode in modes:
-                    reps[mode].append(one_run(base_dir, work, mode, queries, extra, n, args, target or 5.0))
+                    replay = b_traffic(reps["sla"][rep], reps["alone"][rep]) if mode == "disk" else None
+                    if mode == "disk" and replay is None:
+                        raise SystemExit("--disk-load needs /proc/diskstats (Linux)")
+                    reps[mode].append(one_run(base_dir, work, mode, queries, extra, n, args, target or 5.0, replay))
                     if mode == "alone" and not target and rep == 0:
                         target = 1.5 * reps["alone"][0]["a"]["p99"]
             for mode in modes:
@@ -253,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs[mode]["a_p99_over_alone"] = runs[mode]["a"]["p99"] / alone
             runs["sla"]["b_over_fifo"] = runs["sla"]["b_rows_per_s"] / max(runs["fifo"]["b_rows_per_s"], 1e-9)
             burner = f", burner {runs['burner']['a_p99_over_alone']:.2f}x" if args.burner else ""
+            burner += f", disk {runs['disk']['a_p99_over_alone']:.2f}x" if args.disk_load else ""
             print(f"[{store}] medians of {args.repeat}: A p99 over alone: fifo {runs['fifo']['a_p99_over_alone']:.2f}x, "
                   f"sla {runs['sla']['a_p99_over_alone']:.2f}x{burner}; B sla/fifo {runs['sla']['b_over_fifo']:.2f}x",
                   file=sys.stderr, flush=True)

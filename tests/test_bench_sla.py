@@ -1,0 +1,77 @@
+"""bench.sla's disk accounting and bench.diskload, the process that replays B's disk traffic."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import sla
+
+REPO = Path(__file__).resolve().parent.parent
+linux_only = pytest.mark.skipif(not os.path.exists("/proc/diskstats"), reason="reads /proc/diskstats")
+
+
+def test_disk_rates_are_per_second_and_sized():
+    before = np.array([100.0, 800.0, 10.0, 2048.0])
+    after = np.array([300.0, 1600.0, 30.0, 10240.0])  # +200 reads (800 sectors), +20 writes (8192)
+    r = sla.disk_rates(before, after, 2.0)
+    assert r["reads_per_s"] == 100 and r["writes_per_s"] == 10
+    assert r["read_kib"] == pytest.approx(2.0) and r["write_kib"] == pytest.approx(204.8)
+    assert r["write_mib_per_s"] == pytest.approx(8192 * 512 / 2**20 / 2)
+    assert sla.disk_rates(None, after, 2.0) is None
+
+
+def test_b_traffic_is_the_sla_run_less_a_alone_reads():
+    disk = {"reads_per_s": 900.0, "read_kib": 16.0, "write_mib_per_s": 50.0, "write_kib": 64.0}
+    alone = {"disk": {"reads_per_s": 300.0}}
+    b = sla.b_traffic({"disk": disk}, alone)
+    assert b == {"reads_per_s": 600.0, "read_kib": 16.0, "write_mib_per_s": 50.0, "write_kib": 64.0}
+    assert sla.b_traffic({"disk": disk}, {"disk": {"reads_per_s": 2000.0}})["reads_per_s"] == 0
+    assert sla.b_traffic({"disk": None}, alone) is None
+
+
+@pytest.fixture
+def on_disk(tmp_path):
+    """``tmp_path``, on a block device (tmpfs has none, and no O_DIRECT)."""
+    if sla.disk_counters(str(tmp_path)) is None:
+        pytest.skip(f"{tmp_path} is on no block device")
+    return tmp_path
+
+
+@linux_only
+def test_disk_counters_find_the_device_of_a_path(on_disk):
+    c = sla.disk_counters(str(on_disk))
+    assert c.shape == (4,) and (c >= 0).all()
+
+
+@linux_only
+def test_diskload_reads_and_writes_its_file_at_the_rates_asked(on_disk):
+    path = on_disk / "load.bin"
+    proc = subprocess.Popen([sys.executable, "-m", "bench.diskload", "--file", str(path), "--size-mib", "8",
+                             "--write-mb-s", "8", "--write-kib", "64", "--reads-s", "400", "--read-kib", "4"],
+                            stdout=subprocess.PIPE, cwd=REPO)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        assert path.stat().st_size == 8 << 20
+        io0, t0 = _proc_io(proc.pid), time.perf_counter()
+        time.sleep(1.5)
+        io1, took = _proc_io(proc.pid), time.perf_counter() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    reads = (io1["syscr"] - io0["syscr"]) / took
+    written = (io1["write_bytes"] - io0["write_bytes"]) / took / 2**20
+    assert 200 < reads < 800, reads  # 400 a second asked
+    assert 4 < written < 16, written  # 8 MiB a second asked
+
+
+def _proc_io(pid: int) -> dict[str, int]:
+    with open(f"/proc/{pid}/io") as f:
+        return {k: int(v) for k, v in (line.split(": ") for line in f)}
