@@ -204,11 +204,11 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
 
 def median_run(runs: list[dict]) -> dict:
     """One mode's repeated runs: the median of each figure, every run's p99 and B rate, and
-    all runs' latencies pooled (for the CDF)."""
+    all runs' latencies pooled and sorted (for the CDF)."""
     out = {"a": {k: float(np.median([r["a"][k] for r in runs])) for k in ("p50", "p99", "p999")},
            "b_rows_per_s": float(np.median([r["b_rows_per_s"] for r in runs])),
            "runs_a_p99": [r["a"]["p99"] for r in runs], "runs_b_rows_per_s": [r["b_rows_per_s"] for r in runs],
-           "a_latencies_ms": [x for r in runs for x in r["a_latencies_ms"]]}
+           "a_latencies_ms": sorted(x for r in runs for x in r["a_latencies_ms"])}
     for k in ("splits", "reassigns", "store_io"):
         out[k] = runs[-1][k]
     out["runs_disk"] = [r["disk"] for r in runs]

@@ -75,3 +75,12 @@ def test_diskload_reads_and_writes_its_file_at_the_rates_asked(on_disk):
 def _proc_io(pid: int) -> dict[str, int]:
     with open(f"/proc/{pid}/io") as f:
         return {k: int(v) for k, v in (line.split(": ") for line in f)}
+
+
+def test_pooled_latencies_are_sorted_for_the_cdf():
+    def run(lat):  # as one_run returns it: each run's latencies sorted on their own
+        return {"a": {"p50": 1.0, "p99": 2.0, "p999": 3.0}, "a_latencies_ms": sorted(lat), "b_rows_per_s": 0.0,
+                "splits": 0, "reassigns": 0, "store_io": None, "disk": None, "replayed": None}
+
+    pooled = sla.median_run([run([3.0, 1.0]), run([2.0, 0.5])])["a_latencies_ms"]
+    assert pooled == [0.5, 1.0, 2.0, 3.0]  # one run after another would draw a staircase
