@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-from .metrics import IP, L2
+from .metrics import IP as IP, L2 as L2  # re-exported: native.L2, native.IP
 
 _SUBMODULES = ("checksum", "distances", "graph", "heap", "held", "idhash", "kept", "kept_table", "kmeans", "layout",
                "lire", "prefetch", "replicas", "scan")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import struct
 import threading
 
 import numpy as np
@@ -86,6 +85,7 @@ def test_fsync_durability_syncs_before_acknowledging(tmp_path):
         s = idx.stats()
         assert s["durability"] == "fsync" and s["fsyncs"] == 6
         # concurrent writers share fsyncs: never more than one per write
+
         def writer(t):
             for i in range(30):
                 idx.upsert([2000 + 100 * t + i], _vectors(np.random.default_rng(t * 100 + i), 1))
