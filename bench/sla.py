@@ -296,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
                              "max_postings": args.max_postings, "switch_interval_ms": args.switch_interval_ms,
                              "time": time.strftime("%Y-%m-%d %H:%M:%S")}, "stores": {}, "cold": {}}
     work = tempfile.mkdtemp(prefix="vindex-sla-", dir=os.environ.get("VINDEX_BENCH_TMP"))
+    if args.disk_load and disk_counters(work) is None:  # before the runs, not after a round of them
+        shutil.rmtree(work, ignore_errors=True)
+        ap.error(f"--disk-load reads /proc/diskstats, which has no device for {work}")
     try:
         for store in args.stores.split(","):
             print(f"[{store}] building {n} vectors", file=sys.stderr, flush=True)
@@ -310,8 +313,6 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(args.repeat):  # round robin, so drift on the machine hits every mode
                 for mode in modes:
                     replay = b_traffic(reps["sla"][rep], reps["alone"][rep]) if mode == "disk" else None
-                    if mode == "disk" and replay is None:
-                        raise SystemExit("--disk-load needs /proc/diskstats (Linux)")
                     reps[mode].append(one_run(base_dir, work, mode, queries, extra, n, args, target or 5.0, replay))
                     if mode == "alone" and not target and rep == 0:
                         target = 1.5 * reps["alone"][0]["a"]["p99"]
