@@ -18,6 +18,7 @@ import random
 import sys
 import threading
 import time
+from typing import Callable
 
 from vindex.iosched import lower_thread_priority
 from vindex.storage import IOClass
@@ -49,30 +50,35 @@ def run(path: str, size: int, write_bps: float, write_size: int, reads_per_s: fl
         threading.Thread(target=_read_loop, args=(fd, size, read_size, reads_per_s / readers, t0),
                          daemon=True).start()
     wview = memoryview(fill)[:min(write_size, len(fill))]
-    written, woff = 0, 0
-    while True:
-        if write_bps > 0 and written < write_bps * (time.perf_counter() - t0):
-            if woff + len(wview) > size:
-                woff = 0
-            os.pwrite(fd, wview, woff)
-            written += len(wview)
-            woff += len(wview)
-        else:
-            time.sleep(IDLE_SLEEP_S)
+    woff = 0
+
+    def write() -> None:
+        nonlocal woff
+        if woff + len(wview) > size:
+            woff = 0
+        os.pwrite(fd, wview, woff)
+        woff += len(wview)
+
+    _paced(write_bps / len(wview), t0, write)
 
 
 def _read_loop(fd: int, size: int, read_size: int, rate: float, t0: float) -> None:
     lower_thread_priority()
     buf = mmap.mmap(-1, read_size)
     rng = random.Random()
-    reads = 0
     with thread_ioprio(CLASS_IOPRIO[IOClass.UPDATE]):
-        while True:
-            if reads < rate * (time.perf_counter() - t0):
-                os.preadv(fd, [buf], rng.randrange(size // read_size) * read_size)
-                reads += 1
-            else:
-                time.sleep(IDLE_SLEEP_S)
+        _paced(rate, t0, lambda: os.preadv(fd, [buf], rng.randrange(size // read_size) * read_size))
+
+
+def _paced(per_s: float, t0: float, op: Callable[[], object]) -> None:
+    """Call ``op`` ``per_s`` times a second from ``t0`` on, forever, sleeping while none is due."""
+    done = 0
+    while True:
+        if done < per_s * (time.perf_counter() - t0):
+            op()
+            done += 1
+        else:
+            time.sleep(IDLE_SLEEP_S)
 
 
 def main(argv: list[str] | None = None) -> int:
