@@ -95,3 +95,22 @@ def reassign_candidates(recs_f, keep, offsets, centers, pair_post, pair_split, p
                     d_new = dc
             out[e] = not (d_old <= d_new or d_own <= d_new)
     return out
+
+
+@nb.njit(**_q)
+def copies_named(recs_u, offsets, key_off, keys):
+    """Mask of the records of posting ``i`` (``offsets[i]:offsets[i+1]``) whose copy key,
+    ``vid * 256 + version``, is among ``keys[key_off[i]:key_off[i+1]]``. A posting's keys
+    are sorted here (a binary search per record): the postings with keys are few and their
+    lists short, so this skips the rest where one ``np.isin`` over every record sorted all."""
+    out = np.zeros(recs_u.shape[0], dtype=np.bool_)
+    for i in range(offsets.shape[0] - 1):
+        lo, hi = key_off[i], key_off[i + 1]
+        if hi == lo:
+            continue
+        wanted = np.sort(keys[lo:hi])
+        for r in range(offsets[i], offsets[i + 1]):
+            key = np.int64(recs_u[r, 0]) * 256 + np.int64(recs_u[r, 1])
+            j = np.searchsorted(wanted, key)
+            out[r] = j < wanted.shape[0] and wanted[j] == key
+    return out

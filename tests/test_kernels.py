@@ -287,6 +287,26 @@ def test_group_by_posting_inverts_query_lists():
         assert sorted(q_idx[q_ptr[p]:q_ptr[p + 1]].tolist()) == want
 
 
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_copies_named_matches_isin_per_posting(seed):
+    from native import lire
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 6, size=rng.integers(1, 6))
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    recs_u = np.zeros((int(offsets[-1]), 4), dtype=np.uint32)
+    recs_u[:, 0] = rng.integers(0, 8, recs_u.shape[0])
+    recs_u[:, 1] = rng.integers(0, 3, recs_u.shape[0])
+    # per posting, unsorted keys (some matching its records, some not), or none
+    keys = [rng.integers(0, 8, rng.integers(0, 4)) * 256 + rng.integers(0, 3) for _ in sizes]
+    key_off = np.concatenate(([0], np.cumsum([k.size for k in keys]))).astype(np.int64)
+    flat = np.concatenate(keys).astype(np.int64)
+    got = lire.copies_named(recs_u, offsets, key_off, flat)
+    copy = recs_u[:, 0].astype(np.int64) * 256 + recs_u[:, 1]
+    want = np.concatenate([np.isin(copy[offsets[i]:offsets[i + 1]], keys[i]) for i in range(sizes.size)])
+    np.testing.assert_array_equal(got, want)
+
+
 def test_scan_filters_versions_and_dedupes_replicas():
     rng = np.random.default_rng(7)
     dim, n_vids = 6, 40

@@ -610,7 +610,10 @@ class Rebalancer:
             rows = rows[first]
             # every live copy of a candidate in the examined postings: a copy no longer among
             # its postings is cut, not just the one the conditions looked at
-            held = np.flatnonzero(keep & np.isin(recs_u[:, 0], vids))
+            # a gather instead of np.isin, which sorted every record's vid
+            candidate = np.zeros(int(recs_u[:, 0].max()) + 1, dtype=np.bool_)
+            candidate[vids] = True
+            held = np.flatnonzero(keep & candidate[recs_u[:, 0]])
             h_idx = np.searchsorted(vids, recs_u[held, 0].astype(np.int64))
             self._reassign_vids(vids, recs_u[rows, 1].astype(np.uint8), recs_f[rows, records.HEADER_WORDS:],
                                 posting_of[rows], (h_idx, posting_of[held]))
@@ -670,7 +673,9 @@ class Rebalancer:
             self._cancel_cuts(heads[chosen], np.broadcast_to(keys[:, None], heads.shape)[chosen])
         self.counters["reassigns"] += int(vids.size)
         cut_keys = keys[h_idx]
-        self._defer([], {int(p): cut_keys[h_pid == p] for p in np.unique(h_pid)})
+        order = np.argsort(h_pid, kind="stable")  # one sort, not a pass over every pair per posting
+        owners, starts = np.unique(h_pid[order], return_index=True)
+        self._defer([], dict(zip(owners.tolist(), np.split(cut_keys[order], starts[1:]))))
         targets = np.asarray(list(appends), dtype=np.int64)
         if targets.size:
             self.notify(targets[eng.lengths(targets) > eng.limit])
@@ -732,12 +737,11 @@ def _pair_keys(owners: np.ndarray, keys: np.ndarray) -> np.ndarray:
 
 def _copies_named(recs_u: np.ndarray, offsets: np.ndarray, keys: list[np.ndarray]) -> np.ndarray:
     """Mask of the records of posting ``i`` (``offsets[i]:offsets[i+1]``) whose copy key
-    (``vid * 256 + version``) is in ``keys[i]``: one membership test for every posting."""
-    n = len(keys)
-    have = _copy_keys(recs_u[:, 0], recs_u[:, 1])
-    wanted = [np.asarray(k, dtype=np.int64) for k in keys]
-    return np.isin(_pair_keys(np.repeat(np.arange(n), np.diff(offsets)), have),
-                   _pair_keys(np.repeat(np.arange(n), [w.size for w in wanted]), np.concatenate(wanted)))
+    (``vid * 256 + version``) is in ``keys[i]``."""
+    sizes = np.fromiter((np.size(k) for k in keys), dtype=np.int64, count=len(keys))
+    flat = np.concatenate([np.asarray(k, dtype=np.int64) for k in keys]) if keys else np.zeros(0, np.int64)
+    return native.lire.copies_named(recs_u, np.asarray(offsets, dtype=np.int64),
+                                    np.concatenate(([0], np.cumsum(sizes))), flat)
 
 
 def _rows_and_pairs(rows: np.ndarray, arrays: tuple, h_idx: np.ndarray, h_pid: np.ndarray,
