@@ -1,7 +1,6 @@
 """upsert / delete / get / wait_idle and background rebalancing."""
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 
@@ -343,20 +342,13 @@ def test_a_copy_written_back_is_not_cut_later(tmp_path):
         assert deferred == {5: [6], 9: []}
 
 
-@contextlib.contextmanager
-def _settled(tmp_path, seed: int):
-    """A small index of 2,000 vectors with no background work left, and its generator."""
-    rng = np.random.default_rng(seed)
-    with vindex.Index.create(tmp_path / "r", dim=8, **SMALL) as index:
-        index.upsert(np.arange(2000), ints(rng, 2000))
-        assert index.wait_idle(timeout=60)
-        yield index, rng
-
-
 def test_reading_ahead_returns_what_reading_each_list_does(tmp_path):
     # a round reads the postings around its splits while it plans and commits, and each next
     # neighbourhood while it works on the one before
-    with _settled(tmp_path, 12) as (index, _):
+    rng = np.random.default_rng(12)
+    with vindex.Index.create(tmp_path / "r", dim=8, **SMALL) as index:
+        index.upsert(np.arange(2000), ints(rng, 2000))
+        assert index.wait_idle(timeout=60)
         rb, g = index._rebalancer, index._engine.state.graph
         alive = np.flatnonzero(g.alive[: g.n])
         lists = [alive[:5], alive[3:20], alive[-7:], alive[:0]]
@@ -385,7 +377,10 @@ def test_reading_ahead_returns_what_reading_each_list_does(tmp_path):
 def test_postings_appended_to_since_they_were_read_are_read_again(tmp_path):
     # a round reads the postings around its splits before it commits; writes that append to
     # them meanwhile did not see the new heads, and their records must be checked too
-    with _settled(tmp_path, 13) as (index, rng):
+    rng = np.random.default_rng(13)
+    with vindex.Index.create(tmp_path / "r", dim=8, **SMALL) as index:
+        index.upsert(np.arange(2000), ints(rng, 2000))
+        assert index.wait_idle(timeout=60)
         rb, g = index._rebalancer, index._engine.state.graph
         pids = np.flatnonzero(g.alive[: g.n])
         data, offsets = rb._fetch(pids)
