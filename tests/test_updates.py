@@ -374,55 +374,20 @@ def test_reading_ahead_returns_what_reading_each_list_does(tmp_path):
             rb._fetch = fetch
 
 
-def test_postings_appended_to_since_they_were_read_are_read_again(tmp_path):
-    # a round reads the postings around its splits before it commits; writes that append to
-    # them meanwhile did not see the new heads, and their records must be checked too
-    rng = np.random.default_rng(13)
-    with vindex.Index.create(tmp_path / "r", dim=8, **SMALL) as index:
-        index.upsert(np.arange(2000), ints(rng, 2000))
-        assert index.wait_idle(timeout=60)
-        rb, g = index._rebalancer, index._engine.state.graph
-        pids = np.flatnonzero(g.alive[: g.n])
-        data, offsets = rb._fetch(pids)
-        same = rb._refetch_changed(pids, data, offsets)
-        assert same[0] is data and same[1] is offsets  # nothing changed: nothing read
-        with index._rebalancer.hold():  # no round rewrites a posting meanwhile
-            index.upsert(np.arange(2000, 2040), ints(rng, 40))
-            grew = index._engine.lengths(pids) > np.diff(offsets)
-            assert grew.any() and not grew.all()
-            got = rb._refetch_changed(pids, data, offsets)
-            want = rb._fetch(pids)
-        for a, b in zip(got, want):
-            np.testing.assert_array_equal(a, b)
-
-
-def test_a_split_checks_the_nearest_heads_to_its_old_centre():
-    from vindex.rebalance import _nearest
-    vectors = np.array([[0.0], [5.0], [1.0], [3.0], [2.0]], dtype=np.float32)
-    pids = np.array([1, 3, 4, 2, 0])
-    assert _nearest(pids, np.array([0.0], np.float32), vectors, 3).tolist() == [4, 2, 0]  # in list order
-    assert _nearest(pids, np.array([4.0], np.float32), vectors, 2).tolist() == [1, 3]
-    assert _nearest(pids, np.array([0.0], np.float32), vectors, 9).tolist() == pids.tolist()
-
-
 def test_a_reassignment_step_pairs_each_split_with_its_children_and_neighbours():
-    from vindex.rebalance import _Step, _pairs
-    # two splits of one round: 50 (into 51, 52) and 60 (into 61, 62, 63); 20 is in memory
-    step = _Step(3, 5, [[50, 40, 10, 60], [60, 30, 20, 50]], in_memory=np.array([20, 50, 60]))
-    assert step.neighbours.tolist() == [10, 20, 30, 40, 50, 60]
-    assert step.fetch.tolist() == [10, 30, 40]
-    split_into = {50: np.array([51, 52]), 60: np.array([61, 62, 63])}
-    lists = [step.expanded(s, split_into) for s in range(2)]
-    assert lists[0].tolist() == [51, 52, 40, 10, 61, 62, 63]  # a split neighbour stands for its children
-    examined = np.array([10, 30, 40, 20, 51, 52, 61, 62, 63])
-    post, split_of, is_child = _pairs(examined, [np.array([51, 52]), np.array([61, 62, 63])], lists)
-    # per split: its children, then its neighbours, sorted by pid (split 1: 20, 30, 51, 52)
-    assert post.tolist() == [4, 5, 0, 2, 6, 7, 8, 6, 7, 8, 3, 1, 4, 5]
-    assert split_of.tolist() == [0] * 7 + [1] * 7
-    assert is_child.tolist() == [True] * 2 + [False] * 5 + [True] * 3 + [False] * 4
-    # a neighbour missing from the examined postings (merged meanwhile: 30) is left out
-    post, split_of, _ = _pairs(np.delete(examined, 1), [np.array([51, 52]), np.array([61, 62, 63])], lists)
-    assert post.tolist() == [3, 4, 0, 1, 5, 6, 7, 5, 6, 7, 2, 3, 4]
+    from vindex.rebalance import _Step
+    step = _Step(3, 5, [[40, 10, 30], [30, 20]], in_memory=np.array([20, 7]))
+    assert step.neighbours.tolist() == [10, 20, 30, 40]
+    assert step.fetch.tolist() == [10, 30, 40]  # the round holds 20 in memory
+    # examined: the fetched neighbours, the one in memory, then split 0's 2 children and split 1's 3
+    post, split_of, is_child = step.pairs(np.array([10, 30, 40, 20]), np.array([2, 3]))
+    assert post.tolist() == [4, 5, 2, 0, 1, 6, 7, 8, 1, 3]
+    assert split_of.tolist() == [0] * 5 + [1] * 5
+    assert is_child.tolist() == [True, True, False, False, False, True, True, True, False, False]
+    # a neighbour the round removed (20) is left out of its split's pairs
+    post, split_of, is_child = step.pairs(np.array([10, 30, 40]), np.array([2, 3]))
+    assert post.tolist() == [3, 4, 2, 0, 1, 5, 6, 7, 1]
+    assert split_of.tolist() == [0] * 5 + [1] * 4
 
 
 def test_rewritten_postings_move_their_heads_to_their_vectors_and_replay_it(tmp_path):

@@ -421,23 +421,6 @@ class Rebalancer:
                     ahead.cancel()
                 raise
 
-    def _refetch_changed(self, pids: np.ndarray, data: np.ndarray,
-                         offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``data`` of ``pids`` (record ``offsets``), read or written earlier in the round,
-        with each posting whose length has changed since read again: records appended
-        meanwhile were placed by writes that could not see the round's new heads: a split's
-        reassignment must check them as a read after its commit would."""
-        changed = np.flatnonzero(self._engine.lengths(pids) != np.diff(offsets))
-        if changed.size == 0:
-            return data, offsets
-        fresh, f_off = self._fetch(pids[changed])
-        rs = self._engine.store.record_size
-        pieces = [data[offsets[i] * rs:offsets[i + 1] * rs] for i in range(pids.size)]
-        for j, i in enumerate(changed.tolist()):
-            pieces[i] = fresh[f_off[j] * rs:f_off[j + 1] * rs]
-        sizes = np.fromiter((p.size // rs for p in pieces), dtype=np.int64, count=len(pieces))
-        return np.concatenate(pieces), np.concatenate(([0], np.cumsum(sizes)))
-
     def _stale_copies(self, pids: np.ndarray, recs_u: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
         """Mask of the records that are copies in ``_stale`` (None when there are none)."""
         with self._cv:
@@ -482,7 +465,7 @@ class Rebalancer:
             # read releases the GIL, and waiting for it was a fifth of the drain); the
             # round's own postings come from memory after its commit
             old_centers = g.vectors[pids[split]].copy()
-            steps = self._reassign_steps(old_centers, ks[split], pids[drop | merge], pids)
+            steps = self._reassign_steps(old_centers, ks[split], pids[split | drop | merge], pids)
             reads = self._read_ahead([st.fetch for st in steps])
 
         eng.yield_to_searches()  # planning and linking the new heads hold the GIL
@@ -510,8 +493,7 @@ class Rebalancer:
             for i, p in enumerate(pids.tolist()):
                 if p not in local and g.alive[p]:
                     local[p] = recs_f[offsets[i]:offsets[i + 1]].view(np.uint8).reshape(-1)
-            split_into = dict(zip(pids[split].tolist(), plan.children))
-            self._reassign_after_splits(steps, reads, local, split_into, old_centers, plan.children, centroids,
+            self._reassign_after_splits(steps, reads, local, old_centers, plan.children, centroids,
                                         cent_off[np.flatnonzero(split)], ks[split])
         if plan.merged_vids.size:
             self._reassign_vids(plan.merged_vids, plan.merged_versions, plan.merged_vectors, plan.merged_to)
@@ -573,9 +555,8 @@ class Rebalancer:
                         in_memory: np.ndarray) -> list["_Step"]:
         """Group the splits into reassignment steps of about ``REASSIGN_POSTINGS`` postings:
         each split's children (``ks[s]`` of them) and the ``reassign_neighbors`` heads nearest
-        its old centre, less ``exclude`` (the postings the round merges or drops; those it
-        splits stand for their children). Each step fetches its neighbours but those
-        ``in_memory``."""
+        its old centre, less ``exclude`` (the postings the round removes). Each step fetches
+        its neighbours but those ``in_memory``."""
         cfg, g = self._engine.config, self._engine.state.graph
         m = min(cfg.reassign_neighbors, g.n_alive)
         near, _, counts = g.search(old_centers, native.L2, m, np.inf, cfg.ef_for(m))
@@ -593,32 +574,26 @@ class Rebalancer:
         return steps
 
     def _reassign_after_splits(self, steps: list["_Step"], reads, local: dict[int, np.ndarray],
-                               split_into: dict[int, np.ndarray], old_centers: np.ndarray,
-                               children: list[np.ndarray], centroids: np.ndarray, cent_starts: np.ndarray,
-                               ks: np.ndarray) -> None:
+                               old_centers: np.ndarray, children: list[np.ndarray], centroids: np.ndarray,
+                               cent_starts: np.ndarray, ks: np.ndarray) -> None:
         """Move the vectors the two SPFresh conditions pick out of each split's children and
-        neighbours. ``reads`` yields each step's fetched neighbours; ``local`` holds the
-        record bytes of the round's own postings, the children among them. A neighbour the
-        round split (``split_into``: old head to children) is examined as its children; one
-        in neither (merged or dropped meanwhile) is left out."""
+        neighbours. ``reads`` yields each step's fetched neighbours (those not in ``local``);
+        ``local`` holds the record bytes of the round's own postings, the children among
+        them (a neighbour in neither has been removed: left out). Records appended to them
+        since were placed by their own writes."""
         eng = self._engine
         g = eng.state.graph
         for step, (data, offsets) in zip(steps, reads):
             lo, hi = step.lo, step.hi
             kids = np.concatenate([children[s] for s in range(lo, hi)]).astype(np.int64)
-            # as a search after the commit would: the nearest heads, the new ones among them
-            m = min(eng.config.reassign_neighbors, g.n_alive)
-            lists = [_nearest(step.expanded(s, split_into), old_centers[lo + s], g.vectors, m) for s in range(hi - lo)]
-            rest = np.setdiff1d(np.concatenate(lists), np.concatenate((step.fetch, kids)))
-            mine = [p for p in rest.tolist() if p in local] + kids.tolist()
+            mine = [p for p in np.setdiff1d(step.neighbours, step.fetch).tolist() if p in local] + kids.tolist()
             examined = np.concatenate((step.fetch, np.asarray(mine, dtype=np.int64)))
             pieces = [local[p] for p in mine]
             data = np.concatenate([data] + pieces)
             sizes = np.array([len(b) for b in pieces], dtype=np.int64) // eng.store.record_size
             offsets = np.concatenate((offsets, offsets[-1] + np.cumsum(sizes)))
-            data, offsets = self._refetch_changed(examined, data, offsets)
             recs_f, recs_u, offsets, keep, _ = self._decode(examined, data, offsets)
-            pair_post, split_of, is_child = _pairs(examined, [children[s] for s in range(lo, hi)], lists)
+            pair_post, split_of, is_child = step.pairs(examined[: examined.size - kids.size], ks[lo:hi])
             eng.yield_to_searches()
             new_off = np.concatenate(([0], np.cumsum(ks[lo:hi])))
             new_centers = np.concatenate([centroids[cent_starts[s]:cent_starts[s] + ks[s]] for s in range(lo, hi)])
@@ -716,43 +691,25 @@ class _Step:
         self.neighbours = np.unique(np.asarray([b for nb in lists for b in nb], dtype=np.int64))
         self.fetch = np.setdiff1d(self.neighbours, in_memory)
 
-    def expanded(self, s: int, split_into: dict[int, np.ndarray]) -> np.ndarray:
-        """Split ``lo + s``'s neighbours, each the round split standing for its children."""
-        nb = self.lists[s]
-        return np.asarray([c for b in nb for c in split_into.get(b, (b,))], dtype=np.int64)
-
-
-def _nearest(pids: np.ndarray, centre: np.ndarray, vectors: np.ndarray, m: int) -> np.ndarray:
-    """The ``m`` of heads ``pids`` nearest ``centre`` (ties in list order)."""
-    if pids.size <= m:
-        return pids
-    d = ((vectors[pids] - centre) ** 2).sum(axis=1)
-    return pids[np.sort(np.argsort(d, kind="stable")[:m])]
-
-
-def _pairs(examined: np.ndarray, children: list[np.ndarray],
-           neighbours: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The (posting, split) pairs a reassignment step checks: per pair, the posting's index
-    in ``examined``, the split's index, and whether the posting is one of the split's
-    ``children`` (else one of its ``neighbours``). Postings missing from ``examined`` are
-    left out."""
-    sorter = np.argsort(examined, kind="stable")
-
-    def where(ps: np.ndarray) -> np.ndarray:
-        if examined.size == 0 or ps.size == 0:
-            return np.zeros(0, np.int64)
-        at = sorter[np.minimum(np.searchsorted(examined, ps, sorter=sorter), examined.size - 1)]
-        return at[examined[at] == ps]
-
-    post, split_of, is_child = [], [], []
-    for s, (own, nb) in enumerate(zip(children, neighbours)):
-        own = np.asarray(own, dtype=np.int64)
-        mine, near = where(own), where(np.setdiff1d(nb, own))
-        post += [mine, near]
-        split_of.append(np.full(mine.size + near.size, s, dtype=np.int64))
-        is_child.append(np.arange(mine.size + near.size) < mine.size)
-    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
-    return cat(post, np.int64), cat(split_of, np.int64), cat(is_child, np.bool_)
+    def pairs(self, order: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per (posting, split) pair: the posting's index among the examined ones (the
+        neighbours in ``order``, then every split's children in turn), the split's index in
+        the step, and whether the posting is a child of the split. Neighbours missing from
+        ``order`` are left out."""
+        n = order.size
+        sorter = np.argsort(order, kind="stable")
+        kid_at = n + np.concatenate(([0], np.cumsum(ks)))
+        post, split_of, is_child = [], [], []
+        for s, nb in enumerate(self.lists):
+            nb = np.asarray(nb, dtype=np.int64)
+            at = np.minimum(np.searchsorted(order, nb, sorter=sorter), max(n - 1, 0))
+            nb_at = sorter[at][order[sorter[at]] == nb] if n else np.zeros(0, np.int64)
+            k = int(ks[s])
+            post += [np.arange(kid_at[s], kid_at[s] + k), nb_at]
+            split_of.append(np.full(k + nb_at.size, s, dtype=np.int64))
+            is_child.append(np.arange(k + nb_at.size) < k)
+        return (np.concatenate(post).astype(np.int64), np.concatenate(split_of),
+                np.concatenate(is_child))
 
 
 def _copy_keys(vids: np.ndarray, versions: np.ndarray) -> np.ndarray:
