@@ -343,8 +343,7 @@ def test_a_copy_written_back_is_not_cut_later(tmp_path):
 
 
 def test_reading_ahead_returns_what_reading_each_list_does(tmp_path):
-    # a round reads the postings around its splits while it plans and commits, and each next
-    # neighbourhood while it works on the one before
+    # reassignment reads the next neighbourhood while it works on the current one
     rng = np.random.default_rng(12)
     with vindex.Index.create(tmp_path / "r", dim=8, **SMALL) as index:
         index.upsert(np.arange(2000), ints(rng, 2000))
@@ -355,39 +354,13 @@ def test_reading_ahead_returns_what_reading_each_list_does(tmp_path):
         ahead = list(rb._read_ahead(lists))
         assert len(ahead) == len(lists)
         for got, pids in zip(ahead, lists):
-            want = rb._fetch(pids)
+            want = rb._read(pids)
             for a, b in zip(got, want):
                 np.testing.assert_array_equal(a, b)
-        fetched = []
-        fetch = rb._fetch
-        rb._fetch = lambda pids: fetched.append(pids.tolist()) or fetch(pids)
-        try:
-            reads = rb._read_ahead(lists)
-            rb._reader.submit(lambda: None).result(timeout=10)
-            assert fetched == [lists[0].tolist()]  # started before the caller asks for it
-            next(reads)
-            rb._reader.submit(lambda: None).result(timeout=10)
-            assert fetched == [lists[0].tolist(), lists[1].tolist()]  # the next, while the caller works
-            reads.close()  # a caller that stops early leaves no read behind
-            rb._reader.submit(lambda: None).result(timeout=10)
-        finally:
-            rb._fetch = fetch
-
-
-def test_a_reassignment_step_pairs_each_split_with_its_children_and_neighbours():
-    from vindex.rebalance import _Step
-    step = _Step(3, 5, [[40, 10, 30], [30, 20]], in_memory=np.array([20, 7]))
-    assert step.neighbours.tolist() == [10, 20, 30, 40]
-    assert step.fetch.tolist() == [10, 30, 40]  # the round holds 20 in memory
-    # examined: the fetched neighbours, the one in memory, then split 0's 2 children and split 1's 3
-    post, split_of, is_child = step.pairs(np.array([10, 30, 40, 20]), np.array([2, 3]))
-    assert post.tolist() == [4, 5, 2, 0, 1, 6, 7, 8, 1, 3]
-    assert split_of.tolist() == [0] * 5 + [1] * 5
-    assert is_child.tolist() == [True, True, False, False, False, True, True, True, False, False]
-    # a neighbour the round removed (20) is left out of its split's pairs
-    post, split_of, is_child = step.pairs(np.array([10, 30, 40]), np.array([2, 3]))
-    assert post.tolist() == [3, 4, 2, 0, 1, 5, 6, 7, 1]
-    assert split_of.tolist() == [0] * 5 + [1] * 4
+        reads = rb._read_ahead(lists)
+        next(reads)
+        reads.close()  # a caller that stops early leaves no read behind
+        rb._reader.submit(lambda: None).result(timeout=10)
 
 
 def test_rewritten_postings_move_their_heads_to_their_vectors_and_replay_it(tmp_path):

@@ -401,21 +401,17 @@ class Rebalancer:
         return recs_f, recs_u, offsets, keep, n_live
 
     def _read_ahead(self, pid_lists: list[np.ndarray]):
-        """The fetched bytes and record offsets of each list in turn (see ``_fetch``). The
-        first read starts now, and each next one while the caller works on the one before:
-        the store read releases the GIL. A fetched posting may miss a move made meanwhile;
-        that costs at most a redundant copy (same version), which searches and
-        ``live_dedupe`` drop as a duplicate; records appended meanwhile were placed by their
-        own writes."""
-        first = self._reader.submit(self._fetch, pid_lists[0]) if pid_lists else None
-        return self._fetched_in_turn(pid_lists, first)
-
-    def _fetched_in_turn(self, pid_lists: list[np.ndarray], ahead):
-        for i in range(len(pid_lists)):
-            fetched = ahead.result()
+        """``_read`` of each list in turn, fetching the next list while the caller works on
+        this one: the store read releases the GIL, and waiting for the neighbourhoods'
+        reads was a fifth of the drain. A fetched posting may miss a move the caller makes
+        meanwhile; that costs at most a redundant copy (same version), which searches and
+        ``live_dedupe`` drop as a duplicate."""
+        ahead = None
+        for i, pids in enumerate(pid_lists):
+            fetched = ahead.result() if ahead is not None else self._fetch(pids)
             ahead = self._reader.submit(self._fetch, pid_lists[i + 1]) if i + 1 < len(pid_lists) else None
             try:
-                yield fetched
+                yield self._decode(pids, *fetched)
             except GeneratorExit:
                 if ahead is not None:
                     ahead.cancel()
@@ -459,19 +455,11 @@ class Rebalancer:
         merge &= targets >= 0
         gc |= (n_live > 0) & ~split & ~drop & ~merge & ((snap_len > n_live) | scattered)
 
-        steps: list[_Step] = []
-        if split.any() and cfg.reassign_neighbors > 0:
-            # the postings around each split, read while the round plans and commits (the
-            # read releases the GIL, and waiting for it was a fifth of the drain); the
-            # round's own postings come from memory after its commit
-            old_centers = g.vectors[pids[split]].copy()
-            steps = self._reassign_steps(old_centers, ks[split], pids[split | drop | merge], pids)
-            reads = self._read_ahead([st.fetch for st in steps])
-
         eng.yield_to_searches()  # planning and linking the new heads hold the GIL
         with eng.lock:
             plan = _Plan(eng, pids, recs_f, recs_u, offsets, keep, labels, split, ks, cent_off,
                          centroids, drop, merge, targets, gc, snap_len, self._limbo_pids)
+            old_centers = g.vectors[pids[split]].copy()
             plan.commit()
             with self._cv:  # rewritten without their stale copies (``_read`` left them out)
                 for p in set(pids.tolist()).intersection(plan.replaces):
@@ -486,15 +474,9 @@ class Rebalancer:
         self.counters["drops"] += int(drop.sum())
         self.counters["gc"] += int(gc.sum())
         self.notify(plan.followups())
-        if steps:
-            # the records of the postings the round wrote (children, rewritten postings) as it
-            # wrote them, and of the ones it left alone as it read them
-            local = {p: np.frombuffer(b, dtype=np.uint8) for p, b in plan.replaces.items()}
-            for i, p in enumerate(pids.tolist()):
-                if p not in local and g.alive[p]:
-                    local[p] = recs_f[offsets[i]:offsets[i + 1]].view(np.uint8).reshape(-1)
-            self._reassign_after_splits(steps, reads, local, old_centers, plan.children, centroids,
-                                        cent_off[np.flatnonzero(split)], ks[split])
+        if split.any() and cfg.reassign_neighbors > 0:
+            self._reassign_after_splits(old_centers, plan.children, centroids, cent_off[np.flatnonzero(split)],
+                                        ks[split])
         if plan.merged_vids.size:
             self._reassign_vids(plan.merged_vids, plan.merged_versions, plan.merged_vectors, plan.merged_to)
 
@@ -551,55 +533,39 @@ class Rebalancer:
                             recs_f[rows, records.HEADER_WORDS:], owner)
 
     # --- reassignment -------------------------------------------------------------------------
-    def _reassign_steps(self, old_centers: np.ndarray, ks: np.ndarray, exclude: np.ndarray,
-                        in_memory: np.ndarray) -> list["_Step"]:
-        """Group the splits into reassignment steps of about ``REASSIGN_POSTINGS`` postings:
-        each split's children (``ks[s]`` of them) and the ``reassign_neighbors`` heads nearest
-        its old centre, less ``exclude`` (the postings the round removes). Each step fetches
-        its neighbours but those ``in_memory``."""
-        cfg, g = self._engine.config, self._engine.state.graph
+    def _reassign_after_splits(self, old_centers: np.ndarray, children: list[np.ndarray],
+                               centroids: np.ndarray, cent_starts: np.ndarray, ks: np.ndarray) -> None:
+        eng, cfg = self._engine, self._engine.config
+        g = eng.state.graph
         m = min(cfg.reassign_neighbors, g.n_alive)
         near, _, counts = g.search(old_centers, native.L2, m, np.inf, cfg.ef_for(m))
-        skip = set(exclude.tolist())
-        steps, lists, seen, lo = [], [], set(), 0
+        groups = []  # per group of splits: (lo, hi, examined postings, pair posting, pair split, pair is child)
+        post: list[int] = []
+        split_of: list[int] = []
+        is_child: list[bool] = []
+        seen: set[int] = set()
+        lo = 0
         for s in range(old_centers.shape[0]):
-            mine = [b for b in near[s, :counts[s]].tolist() if b not in skip]
-            n_kids = int(ks[lo:s].sum())
-            if s > lo and len(seen.union(mine)) + n_kids + int(ks[s]) > REASSIGN_POSTINGS:
-                steps.append(_Step(lo, s, lists, in_memory))
-                lists, seen, lo = [], set(), s
+            kids = [int(c) for c in children[s]]
+            mine = kids + [b for b in near[s, :counts[s]].tolist() if b not in kids]
+            if s > lo and len(seen.union(mine)) > REASSIGN_POSTINGS:
+                groups.append(_group(lo, s, post, split_of, is_child))
+                post, split_of, is_child, seen, lo = [], [], [], set(), s
             seen.update(mine)
-            lists.append(mine)
-        steps.append(_Step(lo, old_centers.shape[0], lists, in_memory))
-        return steps
-
-    def _reassign_after_splits(self, steps: list["_Step"], reads, local: dict[int, np.ndarray],
-                               old_centers: np.ndarray, children: list[np.ndarray], centroids: np.ndarray,
-                               cent_starts: np.ndarray, ks: np.ndarray) -> None:
-        """Move the vectors the two SPFresh conditions pick out of each split's children and
-        neighbours. ``reads`` yields each step's fetched neighbours (those not in ``local``);
-        ``local`` holds the record bytes of the round's own postings, the children among
-        them (a neighbour in neither has been removed: left out). Records appended to them
-        since were placed by their own writes."""
-        eng = self._engine
-        g = eng.state.graph
-        for step, (data, offsets) in zip(steps, reads):
-            lo, hi = step.lo, step.hi
-            kids = np.concatenate([children[s] for s in range(lo, hi)]).astype(np.int64)
-            mine = [p for p in np.setdiff1d(step.neighbours, step.fetch).tolist() if p in local] + kids.tolist()
-            examined = np.concatenate((step.fetch, np.asarray(mine, dtype=np.int64)))
-            pieces = [local[p] for p in mine]
-            data = np.concatenate([data] + pieces)
-            sizes = np.array([len(b) for b in pieces], dtype=np.int64) // eng.store.record_size
-            offsets = np.concatenate((offsets, offsets[-1] + np.cumsum(sizes)))
-            recs_f, recs_u, offsets, keep, _ = self._decode(examined, data, offsets)
-            pair_post, split_of, is_child = step.pairs(examined[: examined.size - kids.size], ks[lo:hi])
+            post += mine
+            split_of += [s - lo] * len(mine)
+            is_child += [True] * len(kids) + [False] * (len(mine) - len(kids))
+        groups.append(_group(lo, old_centers.shape[0], post, split_of, is_child))
+        reads = self._read_ahead([grp[2] for grp in groups])
+        for (lo, hi, examined, pair_post, split_of, is_child), read in zip(groups, reads):
+            recs_f, recs_u, offsets, keep, _ = read
             eng.yield_to_searches()
             new_off = np.concatenate(([0], np.cumsum(ks[lo:hi])))
             new_centers = np.concatenate([centroids[cent_starts[s]:cent_starts[s] + ks[s]] for s in range(lo, hi)])
             cand = native.lire.reassign_candidates(
-                recs_f, keep, offsets, np.ascontiguousarray(g.vectors[examined]), pair_post, split_of, is_child,
-                np.ascontiguousarray(old_centers[lo:hi]), new_off.astype(np.int64), new_centers)
+                recs_f, keep, offsets, np.ascontiguousarray(g.vectors[examined]), pair_post.astype(np.int64),
+                np.asarray(split_of, dtype=np.int64), np.asarray(is_child), np.ascontiguousarray(old_centers[lo:hi]),
+                new_off.astype(np.int64), new_centers)
             rows = np.flatnonzero(cand)
             self.counters["reassign_checked"] += int(rows.size)
             if rows.size == 0:
@@ -681,35 +647,11 @@ class Rebalancer:
             self.notify(targets[eng.lengths(targets) > eng.limit])
 
 
-class _Step:
-    """One reassignment step over splits ``lo:hi``: each split's list of neighbour postings,
-    the distinct ones (``neighbours``, sorted), and those to fetch (``fetch``: not
-    ``in_memory``)."""
-
-    def __init__(self, lo: int, hi: int, lists: list[list[int]], in_memory: np.ndarray):
-        self.lo, self.hi, self.lists = lo, hi, lists
-        self.neighbours = np.unique(np.asarray([b for nb in lists for b in nb], dtype=np.int64))
-        self.fetch = np.setdiff1d(self.neighbours, in_memory)
-
-    def pairs(self, order: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per (posting, split) pair: the posting's index among the examined ones (the
-        neighbours in ``order``, then every split's children in turn), the split's index in
-        the step, and whether the posting is a child of the split. Neighbours missing from
-        ``order`` are left out."""
-        n = order.size
-        sorter = np.argsort(order, kind="stable")
-        kid_at = n + np.concatenate(([0], np.cumsum(ks)))
-        post, split_of, is_child = [], [], []
-        for s, nb in enumerate(self.lists):
-            nb = np.asarray(nb, dtype=np.int64)
-            at = np.minimum(np.searchsorted(order, nb, sorter=sorter), max(n - 1, 0))
-            nb_at = sorter[at][order[sorter[at]] == nb] if n else np.zeros(0, np.int64)
-            k = int(ks[s])
-            post += [np.arange(kid_at[s], kid_at[s] + k), nb_at]
-            split_of.append(np.full(k + nb_at.size, s, dtype=np.int64))
-            is_child.append(np.arange(k + nb_at.size) < k)
-        return (np.concatenate(post).astype(np.int64), np.concatenate(split_of),
-                np.concatenate(is_child))
+def _group(lo: int, hi: int, post: list[int], split_of: list[int], is_child: list[bool]) -> tuple:
+    """One reassignment step over splits ``lo:hi``: the distinct postings to read and, per
+    (posting, split) pair, the index of its posting among them."""
+    examined, pair_post = np.unique(np.asarray(post, dtype=np.int64), return_inverse=True)
+    return lo, hi, examined, pair_post, split_of, is_child
 
 
 def _copy_keys(vids: np.ndarray, versions: np.ndarray) -> np.ndarray:
