@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import measure
+
 DIM = 16
 ID_SPACE = 3000
 CONFIG = dict(posting_limit_bytes=1024, build_fill=0.5, checkpoint_every=400, rebalance_batch=32)
@@ -185,7 +187,7 @@ def run(path: str, cycles: int, seed: int = 0, log=print, store: str = "rocksdb"
         totals.cycles = cycle + 1
         proc = subprocess.Popen([sys.executable, "-m", "bench.crash", "--child", path, str(seed), str(next_op)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                                cwd=measure.REPO_ROOT)
         lines: list[str] = []
         ready = threading.Event()
 

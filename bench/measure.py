@@ -34,7 +34,8 @@ _THREAD_ENV = (
     "VECLIB_MAXIMUM_THREADS",
     "NUMEXPR_NUM_THREADS",
 )
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The repository's root: where ``python -m bench.X`` runs from.
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def limit_threads(n: int = 1) -> None:
@@ -180,14 +181,14 @@ def rss_of_subprocess(code: str, peak: bool = False, timeout: float | None = Non
     RuntimeError with the child's stderr if it fails.
     """
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, code],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=env,
-        cwd=cwd or str(_REPO_ROOT),
+        cwd=cwd or str(REPO_ROOT),
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_MARKER)]
     if proc.returncode != 0 or not lines:

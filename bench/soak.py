@@ -63,7 +63,7 @@ import numpy as np
 
 from . import measure
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(measure.REPO_ROOT)
 COLLECTION = "soak"
 READY_PREFIX = "vindex: serving "
 
