@@ -95,7 +95,7 @@ def start_disk_load(work: str, traffic: dict) -> subprocess.Popen:
         [sys.executable, "-m", "bench.diskload", "--file", os.path.join(work, "diskload.bin"),
          "--write-mb-s", f"{traffic['write_mib_per_s']:.3f}", "--write-kib", f"{traffic['write_kib']:.1f}",
          "--reads-s", f"{traffic['reads_per_s']:.1f}", "--read-kib", f"{traffic['read_kib']:.1f}"],
-        stdout=subprocess.PIPE, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        stdout=subprocess.PIPE, cwd=measure.REPO_ROOT)
     if proc.stdout.readline().strip() != b"ready":
         proc.kill()
         raise RuntimeError(f"bench.diskload exited with {proc.wait()} before it was ready")
@@ -148,21 +148,20 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
     path = os.path.join(work, f"run-{mode}")
     shutil.rmtree(path, ignore_errors=True)
     shutil.copytree(base_dir, path)
-    burner = None
+    neighbour = None  # the other process beside A: the burner or the disk load
     if mode == "burner":  # before the index opens: no fork while RocksDB is open
         threads = str(os.cpu_count() or 1)
-        burner = subprocess.Popen(["nice", "-n", str(args.burner_nice), sys.executable, "-c", BURNER],
+        neighbour = subprocess.Popen(["nice", "-n", str(args.burner_nice), sys.executable, "-c", BURNER],
                                   env=dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads))
         time.sleep(args.warmup)
     elif mode == "disk":
-        burner = start_disk_load(work, replay)
+        neighbour = start_disk_load(work, replay)
         time.sleep(args.warmup)
     try:
         index = vindex.Index.open(path, io_scheduler="fifo" if mode == "fifo" else "sla",
                                   interactive_p99_ms=target_ms)
     except BaseException:
-        if burner:
-            burner.kill()
+        _stop(neighbour)
         raise
     try:
         for q in queries[:200]:  # warm the kernels and the caches
@@ -194,12 +193,18 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
         return out
     finally:
         index.close()
-        if burner:
-            burner.kill()
-            burner.wait()
-            if burner.stdout:
-                burner.stdout.close()
+        _stop(neighbour)
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    """Kill and reap ``proc`` (if any), closing its output pipe."""
+    if proc is None:
+        return
+    proc.kill()
+    proc.wait()
+    if proc.stdout:
+        proc.stdout.close()
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -323,10 +328,10 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes[1:]:
                 runs[mode]["a_p99_over_alone"] = runs[mode]["a"]["p99"] / alone
             runs["sla"]["b_over_fifo"] = runs["sla"]["b_rows_per_s"] / max(runs["fifo"]["b_rows_per_s"], 1e-9)
-            burner = f", burner {runs['burner']['a_p99_over_alone']:.2f}x" if args.burner else ""
-            burner += f", disk {runs['disk']['a_p99_over_alone']:.2f}x" if args.disk_load else ""
+            beside = f", burner {runs['burner']['a_p99_over_alone']:.2f}x" if args.burner else ""
+            beside += f", disk {runs['disk']['a_p99_over_alone']:.2f}x" if args.disk_load else ""
             print(f"[{store}] medians of {args.repeat}: A p99 over alone: fifo {runs['fifo']['a_p99_over_alone']:.2f}x, "
-                  f"sla {runs['sla']['a_p99_over_alone']:.2f}x{burner}; B sla/fifo {runs['sla']['b_over_fifo']:.2f}x",
+                  f"sla {runs['sla']['a_p99_over_alone']:.2f}x{beside}; B sla/fifo {runs['sla']['b_over_fifo']:.2f}x",
                   file=sys.stderr, flush=True)
             measure.limit_threads(os.cpu_count() or 1)
     finally:
