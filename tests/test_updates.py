@@ -342,6 +342,40 @@ def test_a_copy_written_back_is_not_cut_later(tmp_path):
         assert deferred == {5: [6], 9: []}
 
 
+def test_moves_planned_before_a_posting_was_rewritten_leave_its_vectors_in_place(tmp_path):
+    # the reassignment after a round's splits is planned while the next round commits: a
+    # vector seen in a posting the rebalancer rewrote meanwhile may have lost the copy the
+    # plan counted on there, so applying the plan leaves it where it is
+    rng = np.random.default_rng(21)
+    with vindex.Index.create(tmp_path / "o", dim=8, scrub_ratio=0, **SMALL) as index:
+        index.upsert(np.arange(2000), ints(rng, 2000))
+        assert index.wait_idle(timeout=60)
+        rb, eng = index._rebalancer, index._engine
+        with index.pause_background():
+            assert index.wait_idle(timeout=0.1)  # nothing queued, the worker waits
+            vids = np.arange(0, 2000, 50, dtype=np.int64)
+            vecs, _ = index.get(vids)
+            versions = eng.state.idmap.versions[vids].astype(np.uint8)
+            home = eng.state.idmap.home[vids].astype(np.int64)
+            # claim a copy of each in a posting far from it: no longer picked, so each moves
+            far = np.full(vids.size, int(np.flatnonzero(eng.state.graph.alive)[0]), dtype=np.int64)
+            holders = (np.concatenate((np.arange(vids.size), np.arange(vids.size))), np.concatenate((home, far)))
+            plan = rb._plan_moves(vids, versions, vecs, home, holders)
+            assert plan.vids.size > 0
+            before = dict(rb.counters)
+            stamp = rb._stamp
+            rb._mark_rewritten(far[:1])
+            rb._apply_moves(plan, stamp)
+            assert rb.counters["reassigns"] == before["reassigns"]
+            assert rb.counters["reassign_overtaken"] - before["reassign_overtaken"] == plan.vids.size
+            rb._apply_moves(plan, rb._stamp)  # nothing rewritten since: the moves go ahead
+            assert rb.counters["reassigns"] - before["reassigns"] == plan.vids.size
+        assert index.wait_idle(timeout=60)
+        assert index.verify().ok
+        got, found = index.get(np.arange(2000))
+        assert found.all()
+
+
 def test_reading_ahead_returns_what_reading_each_list_does(tmp_path):
     # reassignment reads the next neighbourhood while it works on the current one
     rng = np.random.default_rng(12)

@@ -499,6 +499,7 @@ class Index:
             "replicas_mean": float(lengths.sum() / max(1, len(self))),
             "rebalance": self.config.rebalance,
             "splits": bg["splits"], "merges": bg["merges"], "reassigns": bg["reassigns"],
+            "reassigns_overtaken": bg["reassign_overtaken"],
             "gc": bg["gc"], "drops": bg["drops"], "background_rounds": bg["rounds"],
             "stale_copies": self._rebalancer.stale_copies,
             "background_errors": bg["errors"], "background_queue": self._rebalancer.depth,

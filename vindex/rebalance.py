@@ -11,6 +11,10 @@ After a split, vectors near it may have lost their best posting; the two SPFresh
 pick candidates in the split's children and in the ``reassign_neighbors`` postings around it,
 and each candidate whose current posting is no longer among its chosen replicas is copied to
 the chosen postings (a compare-and-set on its version skips vectors a user changed meanwhile).
+A second thread plans that reassignment (reads the neighbourhoods, checks the conditions,
+chooses replicas) while the next round reads, plans and commits; the round thread applies
+the moves, so all bookkeeping of copies to cut stays on one thread. A vector the plan saw in
+a posting the rebalancer rewrote meanwhile stays where it is (``_apply_moves``).
 
 A posting rewritten without its garbage also moves its head to the mean of the vectors whose
 nearest posting it is (a step of Lloyd's k-means): heads made by splits of postings that
@@ -29,6 +33,8 @@ import contextlib
 import logging
 import threading
 import time
+from concurrent.futures import Future
+from typing import NamedTuple
 
 import numpy as np
 
@@ -96,7 +102,14 @@ class Rebalancer:
         self._error: BaseException | None = None
         self._rounds_started = 0  # numbers the rounds, so wait_idle can tell old failures from new
         self._failed_round = -1   # number of the last round that failed
-        self._seen = np.full(16, -1, dtype=np.int64)
+        self._scratch = threading.local()  # per thread: live_dedupe's seen array
+        # the reassignment of a round's splits runs on its own thread while the next round
+        # plans and commits (see ``_start_reassign``): (future of its moves, reader ticket, ``_stamp``)
+        self._job: tuple[Future, int, int] | None = None
+        # when the rebalancer last rewrote or dropped each posting (``_stamp`` counts them): a
+        # reassignment planned on an older read does not trust what it saw there
+        self._rewritten = np.zeros(0, dtype=np.int64)
+        self._stamp = 0
         # (ticket boundary, postings to drop, {posting: vid*256+version copies to cut out}), run once every
         # search that started before the boundary is done
         self._deferred: list[tuple[int, list[int], dict[int, np.ndarray]]] = []
@@ -113,12 +126,13 @@ class Rebalancer:
         self._scrub_credit = 0.0
         self._scrub_cursor = 0
         self.counters = {"rounds": 0, "splits": 0, "merges": 0, "drops": 0, "gc": 0, "reassigns": 0,
-                         "reassign_checked": 0, "scrubbed": 0, "errors": 0, "checkpoints": 0}
+                         "reassign_checked": 0, "reassign_overtaken": 0, "scrubbed": 0, "errors": 0, "checkpoints": 0}
         # replica selection for reassignments uses every core when the foreground is idle; its
         # threads run at the rebalancer's priority
         self._yields = engine.config.io_scheduler == "sla"
         self._pool = yielding_pool("vindex-background", self._yields)
         self._reader = yielding_pool("vindex-background-read", self._yields, workers=1)
+        self._reassigner = yielding_pool("vindex-reassign", self._yields, workers=1)
         self._thread = threading.Thread(target=self._run, name="vindex-background", daemon=True)
         self._thread.start()
 
@@ -176,7 +190,8 @@ class Rebalancer:
     def depth(self) -> int:
         """Postings waiting, plus one while a round runs."""
         with self._cv:
-            return len(self._pending) + int(self._busy) + len(self._deferred) + int(self._scrub_credit > 0)
+            return (len(self._pending) + int(self._busy or self._job is not None) + len(self._deferred)
+                    + int(self._scrub_credit > 0))
 
     def _stale_arrays(self) -> dict[str, np.ndarray]:
         """Every copy waiting to be cut, stale or deferred, as (posting, copy key) pairs for
@@ -197,7 +212,8 @@ class Rebalancer:
         with self._cv:
             first = self._rounds_started + 1
             idle = self._cv.wait_for(lambda: (not self._pending and not self._busy and not self._deferred
-                                              and self._scrub_credit <= 0) or self._failed_round >= first,
+                                              and self._job is None and self._scrub_credit <= 0)
+                                     or self._failed_round >= first,
                                      timeout)
             if self._failed_round >= first and self._error is not None:
                 raise self._error
@@ -210,6 +226,7 @@ class Rebalancer:
         self._thread.join()
         self._pool.shutdown(wait=True)
         self._reader.shutdown(wait=True)
+        self._reassigner.shutdown(wait=True)
 
     # --- worker -------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -218,27 +235,37 @@ class Rebalancer:
             lower_thread_priority()  # searches get the cores first
         while True:
             with self._cv:
-                # with deferred work, poll until the searches it waits for finish
-                self._cv.wait_for(lambda: self._stop or not self._holds and (
-                                      self._pending or eng.checkpoint_due() or self._scrub_credit > 0),
-                                  timeout=DEFERRED_POLL_S if self._deferred else None)
+                while not (self._stop or self._job is not None or not self._holds and (
+                           self._pending or eng.checkpoint_due() or self._scrub_credit > 0)):
+                    # with deferred work, poll until the searches it waits for finish
+                    if not self._cv.wait(DEFERRED_POLL_S if self._deferred else None) and self._deferred:
+                        break
                 if self._stop:
-                    return
-                if self._holds:
+                    break
+                if self._holds and self._job is None:
                     continue
-                batch = sorted(self._pending)[: eng.config.rebalance_batch]
+                held = self._holds > 0  # then only the reassignment of the last round finishes
+                batch = [] if held else sorted(self._pending)[: eng.config.rebalance_batch]
                 self._pending.difference_update(batch)
-                scrub = not batch and self._scrub_credit > 0  # only when nothing more urgent waits
+                scrub = not batch and not held and self._scrub_credit > 0  # when nothing more urgent waits
                 self._busy = True
                 self._rounds_started += 1
                 this_round = self._rounds_started
             started = time.perf_counter()
             try:
+                if held:
+                    self._finish_reassign()
+                    continue
                 self._run_deferred()
                 if batch:
+                    job = self._job
                     self._round(np.asarray(batch, dtype=np.int64))
-                elif scrub:
-                    self._scrub()
+                    if self._job is job:  # no splits: no newer reassignment to overlap it with
+                        self._finish_reassign()
+                else:
+                    self._finish_reassign()
+                    if scrub:
+                        self._scrub()
                 if eng.checkpoint_due():
                     with eng.lock:
                         eng.save_checkpoint()
@@ -258,6 +285,7 @@ class Rebalancer:
                     self._error = exc
                     self._failed_round = this_round
                     self._pending.update(batch)
+                self._finish_reassign(apply=False)
                 time.sleep(RETRY_PAUSE_S)
             finally:
                 with self._cv:
@@ -272,11 +300,13 @@ class Rebalancer:
                     if self._cv.wait_for(lambda: self._stop, timeout=min(pause, PACE_SLICE_S)):
                         break
                 pause = eng.pacer.charge(0.0)
+        self._finish_reassign(apply=False)  # closing: its moves were only an improvement
 
     def _defer(self, drops: list[int], cuts: dict[int, np.ndarray]) -> None:
         with self._cv:
             self._deferred.append((self._engine.readers.now(), drops, cuts))
             self._limbo_pids.update(drops)
+            self._cv.notify_all()  # a worker waiting without a timeout starts polling
 
     def _forget_cuts(self, pids: list[int]) -> None:
         """Pending cuts of removed heads no longer apply: their records moved on (and the
@@ -321,6 +351,7 @@ class Rebalancer:
         drops = [p for _, group, _ in ready for p in group]
         if drops:
             eng.store.commit(Change(drops=drops), IOClass.BACKGROUND)
+            self._mark_rewritten(drops)
         with self._cv:
             grew = set()  # only postings with new stale copies can have reached the threshold
             for _, _, c in ready:
@@ -369,12 +400,28 @@ class Rebalancer:
                 replaces[int(pid)] = kept.tobytes()
             rec = oplog.Record("cut", {"gc_pids": pids})
             eng.commit(Change(replaces=replaces), rec, IOClass.BACKGROUND)
+            self._mark_rewritten(pids)
 
     def _seen_scratch(self) -> np.ndarray:
         n = self._engine.state.idmap.versions.shape[0]
-        if self._seen.shape[0] < n:
-            self._seen = np.full(max(n, 2 * self._seen.shape[0]), -1, dtype=np.int64)
-        return self._seen
+        seen = getattr(self._scratch, "seen", None)
+        if seen is None or seen.shape[0] < n:
+            seen = self._scratch.seen = np.full(max(n, 2 * (0 if seen is None else seen.shape[0])), -1,
+                                                dtype=np.int64)
+        return seen
+
+    def _mark_rewritten(self, pids) -> None:
+        """Note postings the rebalancer rewrote or dropped (it alone removes records)."""
+        pids = np.asarray(list(pids) if isinstance(pids, (set, dict)) else pids, dtype=np.int64)
+        if pids.size == 0:
+            return
+        top = int(pids.max()) + 1
+        if self._rewritten.shape[0] < top:
+            grown = np.zeros(max(top, 2 * self._rewritten.shape[0]), dtype=np.int64)
+            grown[: self._rewritten.shape[0]] = self._rewritten
+            self._rewritten = grown
+        self._stamp += 1
+        self._rewritten[pids] = self._stamp
 
     def _read(self, pids: np.ndarray):
         """Posting records (copied out of the per-thread read buffer) and their liveness.
@@ -461,6 +508,7 @@ class Rebalancer:
                          centroids, drop, merge, targets, gc, snap_len, self._limbo_pids)
             old_centers = g.vectors[pids[split]].copy()
             plan.commit()
+            self._mark_rewritten(list(plan.replaces) + list(plan.drops))
             with self._cv:  # rewritten without their stale copies (``_read`` left them out)
                 for p in set(pids.tolist()).intersection(plan.replaces):
                     self._stale.pop(p, None)
@@ -474,11 +522,10 @@ class Rebalancer:
         self.counters["drops"] += int(drop.sum())
         self.counters["gc"] += int(gc.sum())
         self.notify(plan.followups())
-        if split.any() and cfg.reassign_neighbors > 0:
-            self._reassign_after_splits(old_centers, plan.children, centroids, cent_off[np.flatnonzero(split)],
-                                        ks[split])
         if plan.merged_vids.size:
             self._reassign_vids(plan.merged_vids, plan.merged_versions, plan.merged_vectors, plan.merged_to)
+        if split.any() and cfg.reassign_neighbors > 0:
+            self._start_reassign(old_centers, plan.children, centroids, cent_off[np.flatnonzero(split)], ks[split])
 
     def _merge_targets(self, pids: np.ndarray, merge: np.ndarray, n_live: np.ndarray, busy: set) -> np.ndarray:
         """For each posting to merge, the nearest other head with room (-1: none)."""
@@ -533,8 +580,55 @@ class Rebalancer:
                             recs_f[rows, records.HEADER_WORDS:], owner)
 
     # --- reassignment -------------------------------------------------------------------------
-    def _reassign_after_splits(self, old_centers: np.ndarray, children: list[np.ndarray],
-                               centroids: np.ndarray, cent_starts: np.ndarray, ks: np.ndarray) -> None:
+    def _start_reassign(self, old_centers: np.ndarray, children: list[np.ndarray], centroids: np.ndarray,
+                        cent_starts: np.ndarray, ks: np.ndarray) -> None:
+        """Plan the reassignment after this round's splits on the reassigner thread; the next
+        round reads, plans and commits meanwhile, and this thread applies the moves after it.
+        Reading the neighbourhoods, checking the conditions and choosing replicas were half of
+        this thread's time, and it was the drain's critical path.
+
+        The plan is made from reads the next round may overtake, so applying it checks what
+        it saw (``_apply_moves``): a vector whose copies it read in a posting rewritten since
+        stays where it is (the scrub looks again later). The job holds a reader ticket, as a
+        search does, so no posting it read is dropped, and no pid reused, before it is applied."""
+        self._finish_reassign()
+        eng = self._engine
+        ticket = eng.readers.begin(interactive=False)
+        try:
+            stamp = self._stamp
+            future = self._reassigner.submit(self._plan_after_splits, old_centers, children, centroids,
+                                             cent_starts, ks)
+        except BaseException:
+            eng.readers.end(ticket)
+            raise
+        with self._cv:
+            self._job = (future, ticket, stamp)
+
+    def _finish_reassign(self, apply: bool = True) -> None:
+        """Wait for the reassignment in flight and apply its moves (or drop them)."""
+        with self._cv:
+            job = self._job
+        if job is None:
+            return
+        future, ticket, stamp = job
+        try:
+            if not apply:
+                future.cancel()
+                with contextlib.suppress(BaseException):
+                    future.result()
+                return
+            for moves in future.result():
+                self._apply_moves(moves, stamp)
+        finally:
+            self._engine.readers.end(ticket)
+            with self._cv:
+                self._job = None
+                self._cv.notify_all()
+
+    def _plan_after_splits(self, old_centers: np.ndarray, children: list[np.ndarray],
+                           centroids: np.ndarray, cent_starts: np.ndarray, ks: np.ndarray) -> list[_Moves]:
+        """SPFresh's two conditions over the splits' children and ``reassign_neighbors``
+        postings around each, then the moves of the candidates (``_plan_moves``)."""
         eng, cfg = self._engine, self._engine.config
         g = eng.state.graph
         m = min(cfg.reassign_neighbors, g.n_alive)
@@ -557,6 +651,7 @@ class Rebalancer:
             is_child += [True] * len(kids) + [False] * (len(mine) - len(kids))
         groups.append(_group(lo, old_centers.shape[0], post, split_of, is_child))
         reads = self._read_ahead([grp[2] for grp in groups])
+        planned = []
         for (lo, hi, examined, pair_post, split_of, is_child), read in zip(groups, reads):
             recs_f, recs_u, offsets, keep, _ = read
             eng.yield_to_searches()
@@ -567,7 +662,6 @@ class Rebalancer:
                 np.asarray(split_of, dtype=np.int64), np.asarray(is_child), np.ascontiguousarray(old_centers[lo:hi]),
                 new_off.astype(np.int64), new_centers)
             rows = np.flatnonzero(cand)
-            self.counters["reassign_checked"] += int(rows.size)
             if rows.size == 0:
                 continue
             posting_of = np.repeat(examined, np.diff(offsets))
@@ -581,17 +675,25 @@ class Rebalancer:
             candidate[vids] = True
             held = np.flatnonzero(keep & candidate[recs_u[:, 0]])
             h_idx = np.searchsorted(vids, recs_u[held, 0].astype(np.int64))
-            self._reassign_vids(vids, recs_u[rows, 1].astype(np.uint8), recs_f[rows, records.HEADER_WORDS:],
-                                posting_of[rows], (h_idx, posting_of[held]))
+            moves = self._plan_moves(vids, recs_u[rows, 1].astype(np.uint8), recs_f[rows, records.HEADER_WORDS:],
+                                     posting_of[rows], (h_idx, posting_of[held]))
+            planned.append(moves._replace(checked=int(cand.sum())))
+        return planned
 
     def _reassign_vids(self, vids: np.ndarray, versions: np.ndarray, vectors: np.ndarray,
                        owner: np.ndarray, holders: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """Move ``vids`` (seen with ``versions``, one copy in postings ``owner``) to the postings
-        the RNG rule picks for them now. ``holders`` lists every posting known to hold a copy
-        as ``(index into vids, pid)`` pairs (default: the owners). A vector moves when a known
-        copy sits in a posting no longer picked, or its nearest picked posting lacks it: it is
-        appended to the picked postings that lack it and its unpicked copies are cut out once
-        running searches are done. Copies keep their version (see the module docstring)."""
+        """Move ``vids`` now (``_plan_moves``, then ``_apply_moves``)."""
+        self._apply_moves(self._plan_moves(vids, versions, vectors, owner, holders))
+
+    def _plan_moves(self, vids: np.ndarray, versions: np.ndarray, vectors: np.ndarray,
+                    owner: np.ndarray, holders: tuple[np.ndarray, np.ndarray] | None = None) -> _Moves:
+        """Which of ``vids`` (seen with ``versions``, one copy in postings ``owner``) to move to
+        the postings the RNG rule picks for them now. ``holders`` lists every posting known to
+        hold a copy as ``(index into vids, pid)`` pairs (default: the owners). A vector moves
+        when a known copy sits in a posting no longer picked, or its nearest picked posting
+        lacks it: it is appended to the picked postings that lack it and its unpicked copies
+        are cut out once running searches are done. Copies keep their version (see the
+        module docstring)."""
         eng, cfg = self._engine, self._engine.config
         n = vids.size
         h_idx, h_pid = holders if holders is not None else (np.arange(n), owner)
@@ -602,18 +704,30 @@ class Rebalancer:
         heads = heads.astype(np.int64)
         # has[i, j]: picked posting j of vector i already holds a copy (its home counts: the
         # posting its latest write or move put it in)
-        has = heads == eng.state.idmap.home[vids][:, None]
+        home = eng.state.idmap.home[vids]
+        has = heads == home[:, None]
         match = heads[h_idx] == h_pid[:, None]
         np.logical_or.at(has, h_idx, match)
         has &= heads >= 0
         stale = ~match.any(axis=1)  # holder pairs whose posting is no longer picked
         move = (np.bincount(h_idx[stale], minlength=n) > 0) | ~has[:, 0]
         move &= counts > 0
-        if not move.any():
+        # from here on, holder pairs are those of the moved vectors; ``cut`` marks the stale ones
+        pairs = move[h_idx]
+        (vids, versions, vectors, heads, counts, has, home), h_idx, h_pid = _rows_and_pairs(
+            move, (vids, versions, vectors, heads, counts, has, home), h_idx, h_pid, pairs)
+        return _Moves(vids, versions, vectors, heads, counts, has, home, h_idx, h_pid, stale[pairs], 0)
+
+    def _apply_moves(self, mv: _Moves, stamp: int | None = None) -> None:
+        """Commit the moves of ``_plan_moves``. ``stamp``: the plan was made from reads
+        taken when ``_stamp`` was this; a vector seen in a posting rewritten since is left
+        where it is, since what the plan took for its copies there may be gone."""
+        eng = self._engine
+        self.counters["reassign_checked"] += mv.checked
+        if mv.vids.size == 0:
             return
-        # from here on, holder pairs are only the stale copies to cut
-        (vids, versions, vectors, heads, counts, has), h_idx, h_pid = _rows_and_pairs(
-            move, (vids, versions, vectors, heads, counts, has), h_idx, h_pid, move[h_idx] & stale)
+        vids, versions, vectors, heads, counts, has = mv.vids, mv.versions, mv.vectors, mv.heads, mv.counts, mv.has
+        h_idx, h_pid, cut = mv.h_idx, mv.h_pid, mv.cut
         eng.yield_to_searches()
         with eng.lock:
             g = eng.state.graph
@@ -622,11 +736,19 @@ class Rebalancer:
             limbo = np.fromiter(self._limbo_pids, dtype=np.int64, count=len(self._limbo_pids))
             ok = eng.state.idmap.versions[vids] == versions
             ok &= (g.alive[np.maximum(heads, 0)] | (heads < 0)).all(axis=1)
-            ok &= np.bincount(h_idx[np.isin(h_pid, limbo)], minlength=vids.size) == 0
+            ok &= np.bincount(h_idx[cut & np.isin(h_pid, limbo)], minlength=vids.size) == 0
+            if stamp is not None:  # planned on reads the next round may have overtaken
+                ok &= eng.state.idmap.home[vids] == mv.home
+                seen_at = self._rewritten[np.minimum(h_pid, self._rewritten.shape[0] - 1)] \
+                    if self._rewritten.size else np.zeros(h_pid.size, np.int64)
+                redone = (seen_at > stamp) & (h_pid < self._rewritten.shape[0])
+                overtaken = np.bincount(h_idx[redone], minlength=vids.size) > 0
+                self.counters["reassign_overtaken"] += int((ok & overtaken).sum())
+                ok &= ~overtaken
             if not ok.any():
                 return
             (vids, versions, vectors, heads, counts, has), h_idx, h_pid = _rows_and_pairs(
-                ok, (vids, versions, vectors, heads, counts, has), h_idx, h_pid, ok[h_idx])
+                ok, (vids, versions, vectors, heads, counts, has), h_idx, h_pid, ok[h_idx] & cut)
             add = np.where(has, -1, heads)  # only the picked postings that lack a copy
             add_counts = (add >= 0).sum(axis=1)
             appends = group_appends(add, add_counts, vids, versions, vectors) if add_counts.any() else {}
@@ -645,6 +767,25 @@ class Rebalancer:
         targets = np.asarray(list(appends), dtype=np.int64)
         if targets.size:
             self.notify(targets[eng.lengths(targets) > eng.limit])
+
+
+class _Moves(NamedTuple):
+    """The moves ``_plan_moves`` chose: rows of the vectors to move, with their picked
+    postings (``heads``, -1 padded; ``has``: holds a copy already) and their ``home`` when
+    planned; ``(h_idx, h_pid)`` every posting each was seen in, ``cut`` marking the copies
+    there to cut out; ``checked``: candidates the split conditions found."""
+
+    vids: np.ndarray
+    versions: np.ndarray
+    vectors: np.ndarray
+    heads: np.ndarray
+    counts: np.ndarray
+    has: np.ndarray
+    home: np.ndarray
+    h_idx: np.ndarray
+    h_pid: np.ndarray
+    cut: np.ndarray
+    checked: int
 
 
 def _group(lo: int, hi: int, post: list[int], split_of: list[int], is_child: list[bool]) -> tuple:
