@@ -412,7 +412,7 @@ class Rebalancer:
 
     def _mark_rewritten(self, pids) -> None:
         """Note postings the rebalancer rewrote or dropped (it alone removes records)."""
-        pids = np.asarray(list(pids) if isinstance(pids, (set, dict)) else pids, dtype=np.int64)
+        pids = np.asarray(pids, dtype=np.int64)
         if pids.size == 0:
             return
         top = int(pids.max()) + 1
