@@ -404,10 +404,9 @@ class Rebalancer:
 
     def _seen_scratch(self) -> np.ndarray:
         n = self._engine.state.idmap.versions.shape[0]
-        seen = getattr(self._scratch, "seen", None)
-        if seen is None or seen.shape[0] < n:
-            seen = self._scratch.seen = np.full(max(n, 2 * (0 if seen is None else seen.shape[0])), -1,
-                                                dtype=np.int64)
+        seen = getattr(self._scratch, "seen", np.zeros(0, dtype=np.int64))
+        if seen.shape[0] < n:
+            seen = self._scratch.seen = np.full(max(n, 2 * seen.shape[0]), -1, dtype=np.int64)
         return seen
 
     def _mark_rewritten(self, pids) -> None:
@@ -422,6 +421,13 @@ class Rebalancer:
             self._rewritten = grown
         self._stamp += 1
         self._rewritten[pids] = self._stamp
+
+    def _rewritten_after(self, pids: np.ndarray, stamp: int) -> np.ndarray:
+        """Which of ``pids`` the rebalancer rewrote or dropped after ``_stamp`` was ``stamp``."""
+        known = pids < self._rewritten.shape[0]  # the others were never marked
+        out = np.zeros(pids.shape, dtype=np.bool_)
+        out[known] = self._rewritten[pids[known]] > stamp
+        return out
 
     def _read(self, pids: np.ndarray):
         """Posting records (copied out of the per-thread read buffer) and their liveness.
@@ -739,10 +745,7 @@ class Rebalancer:
             ok &= np.bincount(h_idx[cut & np.isin(h_pid, limbo)], minlength=vids.size) == 0
             if stamp is not None:  # planned on reads the next round may have overtaken
                 ok &= eng.state.idmap.home[vids] == mv.home
-                seen_at = self._rewritten[np.minimum(h_pid, self._rewritten.shape[0] - 1)] \
-                    if self._rewritten.size else np.zeros(h_pid.size, np.int64)
-                redone = (seen_at > stamp) & (h_pid < self._rewritten.shape[0])
-                overtaken = np.bincount(h_idx[redone], minlength=vids.size) > 0
+                overtaken = np.bincount(h_idx[self._rewritten_after(h_pid, stamp)], minlength=vids.size) > 0
                 self.counters["reassign_overtaken"] += int((ok & overtaken).sum())
                 ok &= ~overtaken
             if not ok.any():
