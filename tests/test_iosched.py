@@ -7,10 +7,11 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from vindex.iosched import (Aimd, DeadlineExpired, IOScheduler, Queues, Request, ResourceExhaustedError,
-                            TokenBucket)
+                            TokenBucket, percentile)
 from vindex.storage import IOClass
 
 I, U, B = IOClass.INTERACTIVE, IOClass.UPDATE, IOClass.BACKGROUND
@@ -94,6 +95,16 @@ def test_aimd_halves_on_a_missed_target_and_grows_on_target():
     for w in range(10, 20):
         aimd.observe(1.0, now=float(w))
     assert bucket.rate == 5.0  # floored
+
+
+def test_the_pacers_percentile_is_numpys():
+    """The pacer's p99 is computed in Python (numpy's partition releases the GIL inside the
+    search that closes a window); it interpolates as ``np.percentile`` does."""
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 7, 100, 1001):
+        samples = rng.exponential(size=n).tolist()
+        for q in (0, 50, 99, 100):
+            assert percentile(samples, q) == pytest.approx(float(np.percentile(samples, q)), rel=1e-12)
 
 
 def test_tenant_quotas_refuse_with_resource_exhausted():
