@@ -28,7 +28,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-
 from .config import IO_SCHEDULERS
 from .errors import VindexError
 from .storage.base import IOClass
