@@ -45,6 +45,7 @@ from .engine import Engine
 from .iosched import lower_thread_priority, yielding_pool
 from .heads import connect
 from .storage import Change, IOClass, records
+from .storage.directory import Lengths
 from .writes import group_appends, select_replicas
 
 log = logging.getLogger("vindex.rebalance")
@@ -108,7 +109,7 @@ class Rebalancer:
         self._job: tuple[Future, int, int] | None = None
         # when the rebalancer last rewrote or dropped each posting (``_stamp`` counts them): a
         # reassignment planned on an older read does not trust what it saw there
-        self._rewritten = np.zeros(0, dtype=np.int64)
+        self._rewritten = Lengths()
         self._stamp = 0
         # (ticket boundary, postings to drop, {posting: vid*256+version copies to cut out}), run once every
         # search that started before the boundary is done
@@ -414,20 +415,8 @@ class Rebalancer:
         pids = np.asarray(pids, dtype=np.int64)
         if pids.size == 0:
             return
-        top = int(pids.max()) + 1
-        if self._rewritten.shape[0] < top:
-            grown = np.zeros(max(top, 2 * self._rewritten.shape[0]), dtype=np.int64)
-            grown[: self._rewritten.shape[0]] = self._rewritten
-            self._rewritten = grown
         self._stamp += 1
-        self._rewritten[pids] = self._stamp
-
-    def _rewritten_after(self, pids: np.ndarray, stamp: int) -> np.ndarray:
-        """Which of ``pids`` the rebalancer rewrote or dropped after ``_stamp`` was ``stamp``."""
-        known = pids < self._rewritten.shape[0]  # the others were never marked
-        out = np.zeros(pids.shape, dtype=np.bool_)
-        out[known] = self._rewritten[pids[known]] > stamp
-        return out
+        self._rewritten.put(pids, self._stamp)
 
     def _read(self, pids: np.ndarray):
         """Posting records (copied out of the per-thread read buffer) and their liveness.
@@ -683,7 +672,7 @@ class Rebalancer:
             h_idx = np.searchsorted(vids, recs_u[held, 0].astype(np.int64))
             moves = self._plan_moves(vids, recs_u[rows, 1].astype(np.uint8), recs_f[rows, records.HEADER_WORDS:],
                                      posting_of[rows], (h_idx, posting_of[held]))
-            planned.append(moves._replace(checked=int(cand.sum())))
+            planned.append(moves._replace(checked=int(rows.size)))
         return planned
 
     def _reassign_vids(self, vids: np.ndarray, versions: np.ndarray, vectors: np.ndarray,
@@ -745,7 +734,7 @@ class Rebalancer:
             ok &= np.bincount(h_idx[cut & np.isin(h_pid, limbo)], minlength=vids.size) == 0
             if stamp is not None:  # planned on reads the next round may have overtaken
                 ok &= eng.state.idmap.home[vids] == mv.home
-                overtaken = np.bincount(h_idx[self._rewritten_after(h_pid, stamp)], minlength=vids.size) > 0
+                overtaken = np.bincount(h_idx[self._rewritten.get(h_pid) > stamp], minlength=vids.size) > 0
                 self.counters["reassign_overtaken"] += int((ok & overtaken).sum())
                 ok &= ~overtaken
             if not ok.any():
