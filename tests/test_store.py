@@ -192,11 +192,11 @@ def test_rocks_read_that_races_a_replace_reads_the_new_posting(tmp_path):
     s.commit(Change(appends={0: recs([2])}), IOClass.UPDATE)
     fetch, fetched = s._multi_get, []
 
-    def commit_first(keys):
+    def commit_first(keys, *io):
         if not fetched:
             s.commit(Change(replaces={0: recs([3, 4])}), IOClass.UPDATE)
         fetched.append(list(keys))
-        return fetch(keys)
+        return fetch(keys, *io)
 
     s._multi_get = commit_first
     assert read_vids(s, [0]) == [[3, 4]]
@@ -252,9 +252,9 @@ def _counting(s):
     """Wrap ``s._multi_get`` to record how many keys each fetch asks for."""
     fetch, fetched = s._multi_get, []
 
-    def counted(keys):
+    def counted(keys, *io):
         fetched.append(len(keys))
-        return fetch(keys)
+        return fetch(keys, *io)
 
     s._multi_get = counted
     return fetched
@@ -327,6 +327,21 @@ def test_rocks_keeps_whole_postings_while_there_is_room_then_only_tails(tmp_path
     s.close()
 
 
+def _commit_during_first_fetch(s, change):
+    """Make ``s`` commit ``change`` between resolving its first read's keys and fetching
+    them; returns the list of keys each fetch asks for (``del s._multi_get`` undoes it)."""
+    fetch, fetched = s._multi_get, []
+
+    def commit_first(keys, *io):
+        if not fetched:
+            s.commit(change, IOClass.UPDATE)
+        fetched.append(len(keys))
+        return fetch(keys, *io)
+
+    s._multi_get = commit_first
+    return fetched
+
+
 @pytest.mark.parametrize("kind", ["appends", "replaces", "drops"])
 @pytest.mark.parametrize("held", ["whole", "tail"])
 def test_rocks_read_that_races_a_commit_to_a_posting_it_knows_reads_it_right(tmp_path, kind, held):
@@ -342,21 +357,36 @@ def test_rocks_read_that_races_a_commit_to_a_posting_it_knows_reads_it_right(tmp
     s.commit(Change(appends={0: recs([3])}), IOClass.UPDATE)
     change = {"appends": Change(appends={0: recs([9])}), "replaces": Change(replaces={0: recs([9])}),
               "drops": Change(drops=[0])}[kind]
-    fetch, fetched = s._multi_get, []
-
-    def commit_first(keys):
-        if not fetched:
-            s.commit(change, IOClass.UPDATE)
-        fetched.append(len(keys))
-        return fetch(keys)
-
-    s._multi_get = commit_first
+    fetched = _commit_during_first_fetch(s, change)
     got = read_vids(s, [0, 1])
     # posting 0's newest chunk (and its first, if only its tail is held), posting 1's chunk
     assert fetched[0] == {"whole": 2, "tail": 3}[held]
     assert got in {"appends": [[[1, 2, 3], [5]]], "replaces": [[[9], [5]]], "drops": [[[], [5]]]}[kind]
-    s._multi_get = fetch
+    del s._multi_get
     assert read_vids(s, [0]) == {"appends": [[1, 2, 3, 9]], "replaces": [[9]], "drops": [[]]}[kind]
+    s.close()
+
+
+def test_rocks_large_read_that_meets_a_commit_fetches_again_only_what_it_moved(tmp_path):
+    """A read of many postings during which a commit moved some of them fetches again only
+    those; every posting comes back as it was before the commit or after, never a mix."""
+    from vindex.storage import rocks
+
+    n = rocks.REREAD_MOVED_MIN + 36
+    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
+    s.commit(Change(appends={p: recs([10 * p]) for p in range(n)}), IOClass.UPDATE)
+    s.commit(Change(appends={p: recs([10 * p + 1]) for p in range(n)}), IOClass.UPDATE)
+    change = Change(replaces={3: recs([900])}, drops=[7], appends={11: recs([901])})
+    fetched = _commit_during_first_fetch(s, change)
+    got = read_vids(s, range(n))
+    assert fetched == [2 * n, 1]  # then posting 3's one new chunk (posting 7 has none)
+    before = [[10 * p, 10 * p + 1] for p in range(n)]
+    after = [list(v) for v in before]
+    after[3], after[7], after[11] = [900], [], before[11] + [901]
+    assert got[3] == [900] and got[7] == [] and got[11] in (before[11], after[11])
+    assert [g for p, g in enumerate(got) if p not in (3, 7, 11)] == [b for p, b in enumerate(before) if p not in (3, 7, 11)]
+    del s._multi_get
+    assert read_vids(s, range(n)) == after
     s.close()
 
 

@@ -65,6 +65,9 @@ EARLY_WRITE_BYTES = 64 * 1024
 #: Reads of a posting set that a concurrent commit moved (see ``RocksStore.read``) before
 #: giving up on finding the missing chunks.
 READ_ATTEMPTS = 1000
+#: A read of at least this many postings that a concurrent commit disturbed reads again only
+#: the postings it moved, not all of them (see ``RocksStore._reread_moved``).
+REREAD_MOVED_MIN = 64
 #: Share of ``cache_bytes`` (on top of the block cache) that postings read may take in
 #: memory (see ``RocksStore._kept``).
 KEPT_SHARE = 0.25
@@ -241,6 +244,9 @@ class RocksStore:
                 if (still or not plan.from_memory or self._unmoved(pids, gens)) and (still or None not in values):
                     whole = True
                     break
+                if attempt == 0 and plan.in_place is None and len(plan.counts) >= REREAD_MOVED_MIN:
+                    plan, values = self._reread_moved(plan, values, io, tenant=tenant, deadline=deadline)
+                    break  # not ``whole``: nothing of a spliced read is kept
                 kept.release(token)
                 token = 0
                 time.sleep(0)  # let the commit update the directory
@@ -328,6 +334,55 @@ class RocksStore:
                     keys.extend(pack(pid, j) for j in range(span >> 32, (span >> 32) + c))
             learn.append((i, span, k0))
         return plan
+
+    def _reread_moved(self, plan: "_ReadPlan", values: list, io: IOClass, *, tenant: str,
+                      deadline: float | None) -> tuple["_ReadPlan", list]:
+        """``plan`` and its fetched ``values`` with the postings a concurrent commit moved
+        (a chunk of theirs came back missing, or their generation changed) fetched again.
+
+        A rebalancing read of 1,024 postings beside a busy ingest met a commit mid-read in
+        about a third of its multi-gets (1M ingest, 500k upserted): reading all of them again
+        cost ~100 ms each time, for the few postings the commit had moved. Every other
+        posting was read whole from chunks that do not change while it keeps its keys, as a
+        read that met no commit is. The chunks of memory-held postings stay pinned by the
+        caller's token until they are gathered."""
+        for _ in range(READ_ATTEMPTS):  # the generations are consistent once the commit ends
+            if self._dir_version % 2 == 0:
+                break
+            time.sleep(0)
+        now = self._gens.get(np.asarray(plan.pids, dtype=np.int64)).tolist()
+        moved, k = [], 0
+        for i, (c, gen) in enumerate(zip(plan.counts, plan.gens)):
+            if now[i] != gen or None in values[k:k + c]:
+                moved.append(i)
+            k += c
+        pids = np.asarray([plan.pids[i] for i in moved], dtype=np.int64)
+        for _ in range(READ_ATTEMPTS):
+            version = self._dir_version
+            again = self._chunk_keys(pids, self._gens.get(pids), None, False)
+            fresh = self._io.run(io, lambda: self._multi_get(again.keys), tenant=tenant, deadline=deadline,
+                                 cost=len(pids)) if again.keys else []
+            if (version % 2 == 0 and version == self._dir_version) or None not in fresh:
+                break
+            time.sleep(0)
+        out, spliced = _ReadPlan(), []
+        k = j = m = 0
+        for i, c in enumerate(plan.counts):
+            if m < len(moved) and moved[m] == i:
+                c2 = again.counts[m]
+                spliced.extend(fresh[j:j + c2])
+                j += c2
+                m += 1
+                out.counts.append(c2)
+                out.held.append(None)
+                out.leads.append(False)
+            else:
+                spliced.extend(values[k:k + c])
+                out.counts.append(c)
+                out.held.append(plan.held[i])
+                out.leads.append(plan.leads[i])
+            k += c
+        return out, spliced
 
     def _unmoved(self, pids: np.ndarray, gens: np.ndarray) -> bool:
         """No commit has moved ``pids`` since their generations were ``gens`` (waiting out a
