@@ -390,6 +390,18 @@ def test_rocks_large_read_that_meets_a_commit_fetches_again_only_what_it_moved(t
     s.close()
 
 
+def test_rocks_background_reads_leave_the_block_cache_to_searches(tmp_path):
+    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 24, create=True)
+    s.commit(Change(appends={p: recs(range(10 * p, 10 * p + 10)) for p in range(200)}), IOClass.UPDATE)
+    s._cf["postings"].flush()  # to table files: memtable reads never touch the block cache
+    before = s._cache.get_usage()
+    assert s.read(np.arange(200), IOClass.BACKGROUND).offsets[-1] == 2000
+    assert s._cache.get_usage() == before
+    s.read(np.arange(200), IOClass.INTERACTIVE)
+    assert s._cache.get_usage() > before + 200 * 10 * RS
+    s.close()
+
+
 def _rows(n, first):
     """``n`` records of vids ``first..`` as bytes."""
     return recs(range(first, first + n))
