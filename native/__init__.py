@@ -47,7 +47,7 @@ def warmup() -> None:
     removed = np.zeros(n, np.bool_)
     removed[3] = True
     graph.remove_nodes(removed, heads, nbrs, 1.44, touched)
-    graph.insert_nodes(np.array([3], np.int32), heads, nbrs, entries, 1.44, visited, n + 30, bd, bi, bx,
+    graph.insert_nodes(np.array([3], np.int32), heads, nbrs, entries[None], 1.44, visited, n + 30, bd, bi, bx,
                        touched)
     graph.connect(n, np.ones(n, np.bool_), entries, heads, nbrs, touched)
     q = heads[:2].copy()

@@ -228,11 +228,15 @@ def insert_node(p, heads, nbrs, entries, alpha2, visited, stamp, bd, bi, bx, tou
 
 
 @nb.njit(**_q)
-def insert_nodes(ps, heads, nbrs, entries, alpha2, visited, stamp0, bd, bi, bx, touched):
-    """``insert_node`` for each of ``ps`` in order (visited stamps ``stamp0 + i``)."""
+def insert_nodes(ps, heads, nbrs, starts, alpha2, visited, stamp0, bd, bi, bx, touched):
+    """``insert_node`` for each of ``ps`` in order (visited stamps ``stamp0 + i``), its beam
+    starting from ``starts`` (rows of heads, -1 padded): one row shared by every node, or one
+    per node (heads known to lie near it: a split's children start at the head they split,
+    which beat starting from the graph's entry points by ~45% of the beam's time)."""
+    shared = starts.shape[0] == 1
     for t in range(ps.shape[0]):
-        insert_node(ps[t], heads, nbrs, entries, alpha2, visited, np.uint32(stamp0 + t), bd, bi, bx,
-                    touched)
+        insert_node(ps[t], heads, nbrs, starts[0 if shared else t], alpha2, visited, np.uint32(stamp0 + t),
+                    bd, bi, bx, touched)
 
 
 @nb.njit(**_q)

@@ -209,9 +209,10 @@ class HeadGraph:
         self.arrays_ = _Arrays(vectors, nbrs, alive)
 
     def insert(self, pids: np.ndarray, vectors: np.ndarray, build_ef: int,
-               radius: np.ndarray | None = None) -> np.ndarray:
+               radius: np.ndarray | None = None, near: np.ndarray | None = None) -> np.ndarray:
         """Add heads ``pids`` with ``vectors`` (and posting radii) and link them; returns the
-        rows it wrote."""
+        rows it wrote. ``near``: per new head, a live head close to it, where the search for
+        its neighbours starts (default: the entry points)."""
         pids = np.asarray(pids, dtype=np.int32)
         self._reserve(int(pids.max()) + 1)
         self.vectors[pids] = vectors
@@ -223,12 +224,15 @@ class HeadGraph:
         entries, link = self.entries, pids
         if entries.size == 0:  # an empty graph: the first new head is the way in
             entries, link = pids[:1], pids[1:]
+        starts = entries[None]
+        if near is not None and entries is self.entries:
+            starts = self._seed_rows(np.asarray(near, dtype=np.int64), entries)
         if link.size:
             s = scratch()
             visited, stamp0 = s.stamps(self.capacity, link.size)
             ef = max(build_ef, self.nbrs.shape[1])
             bd, bi, bx = np.empty(ef, np.float32), np.empty(ef, np.int32), np.empty(ef, np.bool_)
-            native.graph.insert_nodes(link, self.vectors, self.nbrs, entries, self.alpha2,
+            native.graph.insert_nodes(link, self.vectors, self.nbrs, starts, self.alpha2,
                                       visited, stamp0, bd, bi, bx, touched)
         self.alive[pids] = True
         self.generation += 1

@@ -933,6 +933,7 @@ class _Plan:
 
         self.replaces, self.appends, self.drops = replaces, appends, drops
         self.new_pids = new_pids
+        self.split_heads = np.repeat(pids[split_idx], ks[split_idx])  # per new head, the head it splits
         self.new_radius = np.asarray(radius, dtype=np.float32)
         self.new_vectors = centroids[np.concatenate([np.arange(cent_off[i], cent_off[i + 1]) for i in split_idx])] \
             if split_idx.size else np.zeros((0, dim), np.float32)
@@ -946,8 +947,8 @@ class _Plan:
         g = eng.state.graph
         cfg = eng.config
         # 1. link the new heads in place: reachable now, their postings still empty
-        touched_in = g.insert(self.new_pids, self.new_vectors, cfg.graph_build_ef, self.new_radius) \
-            if self.new_pids.size else np.zeros(0, np.int64)
+        touched_in = g.insert(self.new_pids, self.new_vectors, cfg.graph_build_ef, self.new_radius,
+                              near=self.split_heads) if self.new_pids.size else np.zeros(0, np.int64)
         # 2. unlink the old heads on a copy, published only after the store commit
         nbrs = g.nbrs.copy()
         touched_out = np.zeros(0, np.int64)
