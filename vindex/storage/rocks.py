@@ -444,7 +444,7 @@ class RocksStore:
     def scheduler(self) -> IOScheduler:
         return self._io
 
-    def _multi_get(self, keys: list[bytes], io: IOClass = IOClass.INTERACTIVE) -> list:
+    def _multi_get(self, keys: list[bytes], io: IOClass) -> list:
         postings = self._uncached if io is IOClass.BACKGROUND else self._cf["postings"]
         with _errors(self.path, "reading postings"):
             return postings.get(keys)
