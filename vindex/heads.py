@@ -223,10 +223,8 @@ class HeadGraph:
         self.nbrs[pids] = -1
         entries, link = self.entries, pids
         if entries.size == 0:  # an empty graph: the first new head is the way in
-            entries, link = pids[:1], pids[1:]
-        starts = entries[None]
-        if near is not None and entries is self.entries:
-            starts = self._seed_rows(np.asarray(near, dtype=np.int64), entries)
+            entries, link, near = pids[:1], pids[1:], None
+        starts = entries[None] if near is None else self._seed_rows(np.asarray(near, dtype=np.int64), entries)
         if link.size:
             s = scratch()
             visited, stamp0 = s.stamps(self.capacity, link.size)

@@ -357,10 +357,7 @@ class RocksStore:
         posting was read whole from chunks that do not change while it keeps its keys, as a
         read that met no commit is. The chunks of memory-held postings stay pinned by the
         caller's token until they are gathered."""
-        for _ in range(READ_ATTEMPTS):  # the generations are consistent once the commit ends
-            if self._dir_version % 2 == 0:
-                break
-            time.sleep(0)
+        self._settled()  # the generations are consistent once the commit ends
         now = self._gens.get(np.asarray(plan.pids, dtype=np.int64)).tolist()
         moved, k = [], 0
         for i, (c, gen) in enumerate(zip(plan.counts, plan.gens)):
@@ -395,14 +392,18 @@ class RocksStore:
             k += c
         return out, spliced
 
+    def _settled(self) -> bool:
+        """Wait (up to ``READ_ATTEMPTS`` yields) until no commit is updating the directory."""
+        for _ in range(READ_ATTEMPTS):
+            if self._dir_version % 2 == 0:
+                return True
+            time.sleep(0)
+        return False
+
     def _unmoved(self, pids: np.ndarray, gens: np.ndarray) -> bool:
         """No commit has moved ``pids`` since their generations were ``gens`` (waiting out a
         commit that is updating the directory)."""
-        for _ in range(READ_ATTEMPTS):
-            if self._dir_version % 2 == 0:
-                return np.array_equal(self._gens.get(pids), gens)
-            time.sleep(0)
-        return False
+        return self._settled() and np.array_equal(self._gens.get(pids), gens)
 
     def _keep(self, plan: "_ReadPlan", values: list, data: np.ndarray, offsets: np.ndarray, *, search: bool
               ) -> None:
