@@ -25,32 +25,29 @@ _q = dict(cache=True, nogil=True, fastmath=FASTMATH)
 
 @nb.njit(inline="always", **_q)
 def _beam_insert(bd, bi, bx, size, d, node):
-    """Insert ``(d, node)`` into the sorted beam; returns ``(new size, position)``.
+    """Insert ``(d, node)`` into the sorted beam (after entries as near); returns ``(new
+    size, position)``.
 
     The position is ``len(bd)`` when the beam is full and ``d`` does not beat its last entry.
+    One pass from the end, shifting as it looks: a binary search, then the shift, took twice
+    as long (its branches are unpredictable), 3.7 against 1.9 us for 256 random candidates
+    into a beam of 24.
     """
     ef = bd.shape[0]
     if size == ef and d >= bd[size - 1]:
         return size, ef
-    lo = 0
-    hi = size
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if bd[mid] <= d:
-            lo = mid + 1
-        else:
-            hi = mid
-    end = size if size < ef else ef - 1
-    for t in range(end, lo, -1):
+    t = size if size < ef else ef - 1
+    while t > 0 and bd[t - 1] > d:
         bd[t] = bd[t - 1]
         bi[t] = bi[t - 1]
         bx[t] = bx[t - 1]
-    bd[lo] = d
-    bi[lo] = node
-    bx[lo] = False
+        t -= 1
+    bd[t] = d
+    bi[t] = node
+    bx[t] = False
     if size < ef:
         size += 1
-    return size, lo
+    return size, t
 
 
 @nb.njit(**_q)
