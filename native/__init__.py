@@ -59,6 +59,7 @@ def warmup() -> None:
         graph.search_batch(q, heads, nbrs, entries[None], metric, 8, np.inf, visited,
                            n + 20, bd, bi, bx, ids, dd)
         held.search_batch(q, heads, nbrs, entries[None], metric, 8, 10.0, visited, n + 25, bd, bi, bx, ids, dd)
+        graph.nearest_entries(q, np.ascontiguousarray(heads[entries]), entries, metric, 2, np.empty((2, 2), np.int32))
         distances.pairwise(metric, q, heads)
         graph.exact_search(q, heads, np.ones(n, np.bool_), metric, 8, 10.0, ids, dd)
         held.exact_search(q, heads, np.ones(n, np.bool_), metric, 8, 10.0, ids, dd)

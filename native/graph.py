@@ -112,6 +112,24 @@ def search_batch(queries, heads, nbrs, starts, metric, m, eps, visited, stamp0, 
 
 
 @nb.njit(**_q)
+def nearest_entries(queries, entry_vectors, entries, metric, k, out):
+    """``out[i]`` = the ``k`` of ``entries`` (vectors ``entry_vectors``, contiguous) nearest
+    ``queries[i]``: the entries a beam of width ``k`` keeps in ``beam_search``."""
+    ne = entries.shape[0]
+    d = np.empty(ne, dtype=np.float32)
+    bd = np.empty(k, dtype=np.float32)
+    bi = np.empty(k, dtype=np.int32)
+    bx = np.empty(k, dtype=np.bool_)
+    for i in range(queries.shape[0]):
+        to_rows(metric, queries[i], entry_vectors, 0, ne, 0, d)
+        size = 0
+        for j in range(ne):
+            size, _ = _beam_insert(bd, bi, bx, size, d[j], entries[j])
+        for j in range(size):
+            out[i, j] = bi[j]
+
+
+@nb.njit(**_q)
 def exact_search(queries, heads, alive, metric, m, eps, out_ids, out_d):
     """``search_batch`` by scoring every alive head (small head sets, few queries)."""
     counts = np.zeros(queries.shape[0], dtype=np.int32)

@@ -518,6 +518,39 @@ def test_seeded_head_search_matches_the_shared_entry_points():
         assert recall >= 0.9, s  # measured 0.927 / 0.930 / 0.928 (none / near / mixed seeds)
 
 
+def test_beam_keeps_the_nearest_in_order_ties_to_the_earlier():
+    # the beam's insert (here through nearest_entries, which feeds it every entry point):
+    # the k smallest, ascending, an equal distance after those already in
+    rng = np.random.default_rng(12)
+    ev = rng.integers(0, 3, (300, 4)).astype(np.float32)  # few distinct distances: many ties
+    entries = rng.permutation(1000)[:300].astype(np.int32)
+    q = rng.integers(0, 3, (40, 4)).astype(np.float32)
+    for metric in (distances.L2, distances.IP):
+        out = np.empty((40, 24), np.int32)
+        graph.nearest_entries(q, ev, entries, metric, 24, out)
+        d = ((q[:, None] - ev[None]) ** 2).sum(-1) if metric == distances.L2 else -(q @ ev.T)
+        want = entries[np.argsort(d, axis=1, kind="stable")[:, :24]]
+        np.testing.assert_array_equal(out, want)
+
+
+def test_batch_head_search_from_the_nearest_entry_points_matches_all_of_them(monkeypatch):
+    # from 64 queries a graph search starts each beam at its nearest entry points only: the
+    # same heads as a beam fed every entry point, which keeps just those
+    from vindex import heads as heads_mod
+    from vindex.heads import EXACT_MAX_HEADS, HeadGraph
+    rng = np.random.default_rng(13)
+    n, dim = EXACT_MAX_HEADS + 904, 16  # past the exact path: the graph is walked
+    g = HeadGraph.build(rng.standard_normal((n, dim)).astype(np.float32), 16, 1.2, 128, 64, seed=1)
+    q = rng.standard_normal((300, dim)).astype(np.float32)
+    for metric, ef in ((distances.L2, 24), (distances.IP, 40)):
+        ids, dist, counts = g.search(q, metric, 16, np.inf, ef)
+        monkeypatch.setattr(heads_mod, "NEAREST_ENTRIES_MIN_QUERIES", 10**9)
+        ids_all, dist_all, counts_all = g.search(q, metric, 16, np.inf, ef)
+        monkeypatch.undo()
+        np.testing.assert_array_equal(ids, ids_all)
+        np.testing.assert_array_equal(counts, counts_all)
+
+
 def test_seeded_replica_search_picks_what_the_entry_points_pick():
     # the rebalancer's replica search starts at the posting a vector sits in, with a beam
     # only as wide as the candidates it returns (16, against 24 from the entry points)
