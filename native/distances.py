@@ -44,6 +44,35 @@ def distance(metric, a, b):
 
 
 @nb.njit(inline="always", **_opts)
+def _four(metric, q, rows, r0, r1, r2, r3, col0):
+    """``distance(metric, q, rows[r, col0:])`` for rows ``r0..r3`` in one pass over ``q``."""
+    d = q.shape[0]
+    s0 = np.float32(0.0)
+    s1 = np.float32(0.0)
+    s2 = np.float32(0.0)
+    s3 = np.float32(0.0)
+    if metric == L2:
+        for j in range(d):
+            x = q[j]
+            a = x - rows[r0, col0 + j]
+            b = x - rows[r1, col0 + j]
+            c = x - rows[r2, col0 + j]
+            e = x - rows[r3, col0 + j]
+            s0 += a * a
+            s1 += b * b
+            s2 += c * c
+            s3 += e * e
+        return s0, s1, s2, s3
+    for j in range(d):
+        x = q[j]
+        s0 += x * rows[r0, col0 + j]
+        s1 += x * rows[r1, col0 + j]
+        s2 += x * rows[r2, col0 + j]
+        s3 += x * rows[r3, col0 + j]
+    return -s0, -s1, -s2, -s3
+
+
+@nb.njit(inline="always", **_opts)
 def to_rows(metric, q, rows, lo, hi, col0, out):
     """``out[r - lo] = distance(metric, q, rows[r, col0:])`` for ``r`` in ``lo:hi``.
 
@@ -54,39 +83,28 @@ def to_rows(metric, q, rows, lo, hi, col0, out):
     one row at a time: a row's distance then always comes out of the same arithmetic, bit
     for bit, wherever it sits (replicas of a vector in different postings must tie exactly,
     or which copy a search meets first would show)."""
-    d = q.shape[0]
     last = hi - 1
     for r in range(lo, hi, 4):
         r1 = min(r + 1, last)
         r2 = min(r + 2, last)
         r3 = min(r + 3, last)
-        s0 = np.float32(0.0)
-        s1 = np.float32(0.0)
-        s2 = np.float32(0.0)
-        s3 = np.float32(0.0)
-        if metric == L2:
-            for j in range(d):
-                x = q[j]
-                a = x - rows[r, col0 + j]
-                b = x - rows[r1, col0 + j]
-                c = x - rows[r2, col0 + j]
-                e = x - rows[r3, col0 + j]
-                s0 += a * a
-                s1 += b * b
-                s2 += c * c
-                s3 += e * e
-        else:
-            for j in range(d):
-                x = q[j]
-                s0 += x * rows[r, col0 + j]
-                s1 += x * rows[r1, col0 + j]
-                s2 += x * rows[r2, col0 + j]
-                s3 += x * rows[r3, col0 + j]
-            s0, s1, s2, s3 = -s0, -s1, -s2, -s3
+        s0, s1, s2, s3 = _four(metric, q, rows, r, r1, r2, r3, col0)
         out[r - lo] = s0
         out[r1 - lo] = s1
         out[r2 - lo] = s2
         out[r3 - lo] = s3
+
+
+@nb.njit(inline="always", **_opts)
+def to_gathered(metric, q, rows, idx, n, out):
+    """``out[j] = distance(metric, q, rows[idx[j]])`` for ``j < n``: ``to_rows``' arithmetic
+    over rows picked by index (a graph search's neighbours)."""
+    last = n - 1
+    for r in range(0, n, 4):
+        j1 = min(r + 1, last)
+        j2 = min(r + 2, last)
+        j3 = min(r + 3, last)
+        out[r], out[j1], out[j2], out[j3] = _four(metric, q, rows, idx[r], idx[j1], idx[j2], idx[j3], 0)
 
 
 @nb.njit(**_opts)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .distances import FASTMATH, L2, distance, l2sq, to_rows
+from .distances import FASTMATH, L2, l2sq, to_gathered, to_rows
 from . import heap
 from .prefetch import prefetch_row
 
@@ -54,15 +54,22 @@ def _beam_insert(bd, bi, bx, size, d, node):
 def beam_search(q, heads, nbrs, entries, metric, visited, stamp, bd, bi, bx):
     """Greedy beam search for ``q``; fills ``bd/bi`` (sorted ascending) and returns their length."""
     size = 0
-    for t in range(entries.shape[0]):
-        e = entries[t]
-        if e < 0 or visited[e] == stamp:
-            continue
-        visited[e] = stamp
-        size, _ = _beam_insert(bd, bi, bx, size, distance(metric, q, heads[e]), e)
-    cur = 0
     degree = nbrs.shape[1]
     fresh = np.empty(degree, dtype=np.int32)
+    fresh_d = np.empty(degree, dtype=np.float32)
+    n_fresh = 0
+    for t in range(entries.shape[0]):  # in pieces of ``degree``, as neighbours go below
+        e = entries[t]
+        if e >= 0 and visited[e] != stamp:
+            visited[e] = stamp
+            fresh[n_fresh] = e
+            n_fresh += 1
+        if n_fresh == degree or (t == entries.shape[0] - 1 and n_fresh > 0):
+            to_gathered(metric, q, heads, fresh, n_fresh, fresh_d)
+            for j in range(n_fresh):
+                size, _ = _beam_insert(bd, bi, bx, size, fresh_d[j], fresh[j])
+            n_fresh = 0
+    cur = 0
     while cur < size:
         if bx[cur]:
             cur += 1
@@ -81,10 +88,13 @@ def beam_search(q, heads, nbrs, entries, metric, visited, stamp, bd, bi, bx):
             prefetch_row(heads, nb_)
             fresh[n_fresh] = nb_
             n_fresh += 1
+        if n_fresh == 0:
+            cur += 1
+            continue
+        to_gathered(metric, q, heads, fresh, n_fresh, fresh_d)
         nxt = cur + 1
         for j in range(n_fresh):
-            nb_ = fresh[j]
-            size, pos = _beam_insert(bd, bi, bx, size, distance(metric, q, heads[nb_]), nb_)
+            size, pos = _beam_insert(bd, bi, bx, size, fresh_d[j], fresh[j])
             if pos < nxt:
                 nxt = pos
         cur = nxt
