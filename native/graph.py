@@ -50,6 +50,19 @@ def _beam_insert(bd, bi, bx, size, d, node):
     return size, t
 
 
+@nb.njit(inline="always", **_q)
+def _insert_scored(q, heads, metric, fresh, fresh_d, n, bd, bi, bx, size):
+    """Score heads ``fresh[:n]`` four at a time and insert them into the beam; returns
+    ``(new size, the lowest position any of them took)``."""
+    to_gathered(metric, q, heads, fresh, n, fresh_d)
+    low = bd.shape[0]
+    for j in range(n):
+        size, pos = _beam_insert(bd, bi, bx, size, fresh_d[j], fresh[j])
+        if pos < low:
+            low = pos
+    return size, low
+
+
 @nb.njit(**_q)
 def beam_search(q, heads, nbrs, entries, metric, visited, stamp, bd, bi, bx):
     """Greedy beam search for ``q``; fills ``bd/bi`` (sorted ascending) and returns their length."""
@@ -65,9 +78,7 @@ def beam_search(q, heads, nbrs, entries, metric, visited, stamp, bd, bi, bx):
             fresh[n_fresh] = e
             n_fresh += 1
         if n_fresh == degree or (t == entries.shape[0] - 1 and n_fresh > 0):
-            to_gathered(metric, q, heads, fresh, n_fresh, fresh_d)
-            for j in range(n_fresh):
-                size, _ = _beam_insert(bd, bi, bx, size, fresh_d[j], fresh[j])
+            size, _ = _insert_scored(q, heads, metric, fresh, fresh_d, n_fresh, bd, bi, bx, size)
             n_fresh = 0
     cur = 0
     while cur < size:
@@ -88,16 +99,8 @@ def beam_search(q, heads, nbrs, entries, metric, visited, stamp, bd, bi, bx):
             prefetch_row(heads, nb_)
             fresh[n_fresh] = nb_
             n_fresh += 1
-        if n_fresh == 0:
-            cur += 1
-            continue
-        to_gathered(metric, q, heads, fresh, n_fresh, fresh_d)
-        nxt = cur + 1
-        for j in range(n_fresh):
-            size, pos = _beam_insert(bd, bi, bx, size, fresh_d[j], fresh[j])
-            if pos < nxt:
-                nxt = pos
-        cur = nxt
+        size, low = _insert_scored(q, heads, metric, fresh, fresh_d, n_fresh, bd, bi, bx, size)
+        cur = min(cur + 1, low)
     return size
 
 
