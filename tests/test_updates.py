@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import subprocess
+import threading
 import sys
 
 import numpy as np
@@ -443,3 +444,41 @@ def test_upserts_search_replicas_on_their_own_thread_while_searches_miss_their_t
         index.upsert(np.arange(310, 320), ints(rng, 10))
         assert pools == [index._pool, None] and index._pool is not None
         assert len(index) == 320
+
+
+def test_a_round_keeps_what_was_written_between_its_read_and_the_writers_lock(tmp_path):
+    # a round reads its postings without the writers' lock: vectors upserted into them after
+    # the read, before the round takes the lock, must survive the round's rewrite of them
+    rng = np.random.default_rng(31)
+    model = {}
+    with vindex.Index.create(tmp_path / "w", dim=8, scrub_ratio=0, **SMALL) as index:
+        x = ints(rng, 2000)
+        index.upsert(np.arange(2000), x)
+        model.update(zip(range(2000), x))
+        assert index.wait_idle(timeout=60)
+        rb, eng = index._rebalancer, index._engine
+        fetch, grew = rb._fetch, []
+
+        def fetch_then_write(pids):
+            fetched = fetch(pids)
+            if threading.current_thread() is rb._thread and not eng.lock._is_owned() and not grew:
+                # one vector at each head read: most land in the posting just read
+                y = np.rint(eng.state.graph.vectors[pids])
+                ids = np.arange(10_000, 10_000 + y.shape[0])
+                index.upsert(ids, y)
+                model.update(zip(ids.tolist(), y))
+                grew.append(int((eng.lengths(pids) > np.diff(fetched[1])).sum()))
+            return fetched
+
+        rb._fetch = fetch_then_write
+        y = ints(rng, 1000)  # postings go over their limit: a round reads and splits them
+        index.upsert(np.arange(2000, 3000), y)
+        model.update(zip(range(2000, 3000), y))
+        assert index.wait_idle(timeout=60)
+        assert grew and grew[0] > 10  # the round read postings that then grew
+        assert index.stats()["splits"] > 0
+        assert index.verify().ok
+        check_exact(index, model, ints(rng, 30), k=50)
+        ids = np.array(sorted(model))
+        vecs, found = index.get(ids)
+        assert found.all() and np.array_equal(vecs, np.stack([model[i] for i in ids.tolist()]))
