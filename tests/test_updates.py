@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import subprocess
-import threading
 import sys
+import threading
 
 import numpy as np
 import pytest
