@@ -77,9 +77,11 @@ def beam_search(q, heads, nbrs, entries, metric, visited, stamp, bd, bi, bx):
             visited[e] = stamp
             fresh[n_fresh] = e
             n_fresh += 1
-        if n_fresh == degree or (t == entries.shape[0] - 1 and n_fresh > 0):
-            size, _ = _insert_scored(q, heads, metric, fresh, fresh_d, n_fresh, bd, bi, bx, size)
-            n_fresh = 0
+            if n_fresh == degree:
+                size, _ = _insert_scored(q, heads, metric, fresh, fresh_d, n_fresh, bd, bi, bx, size)
+                n_fresh = 0
+    if n_fresh:
+        size, _ = _insert_scored(q, heads, metric, fresh, fresh_d, n_fresh, bd, bi, bx, size)
     cur = 0
     while cur < size:
         if bx[cur]:
