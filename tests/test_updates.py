@@ -161,10 +161,11 @@ def test_paused_background_starts_no_round_and_catches_up_after(tmp_path):
             held = index.stats()
             assert held["background_rounds"] == before["background_rounds"] and held["splits"] == before["splits"]
             assert held["postings_over_limit"] > 0 and held["background_queue"] > 0
+            assert held["scrub_pending"] > 0  # the upserts earned re-checks; none ran
             check_exact(index, model, ints(rng, 20))
         assert index.wait_idle(timeout=60)
         s = index.stats()
-        assert s["splits"] > before["splits"] and s["postings_over_limit"] == 0
+        assert s["splits"] > before["splits"] and s["postings_over_limit"] == 0 and s["scrub_pending"] == 0
         check_exact(index, model, ints(rng, 20))
 
 

@@ -503,6 +503,7 @@ class Index:
             "gc": bg["gc"], "drops": bg["drops"], "background_rounds": bg["rounds"],
             "stale_copies": self._rebalancer.stale_copies,
             "background_errors": bg["errors"], "background_queue": self._rebalancer.depth,
+            "scrub_pending": self._rebalancer.scrub_pending,
             "log_seq": eng.seq,
             "checkpoint_seq": eng.checkpoint_seq,
             "durability": self.config.durability,

@@ -188,6 +188,12 @@ class Rebalancer:
             return sum(v.size for v in self._stale.values())
 
     @property
+    def scrub_pending(self) -> int:
+        """Re-checks of stored vectors earned by writes and not done yet (``_scrub``)."""
+        with self._cv:
+            return int(self._scrub_credit)
+
+    @property
     def depth(self) -> int:
         """Postings waiting, plus one while a round runs."""
         with self._cv:
