@@ -350,3 +350,57 @@ def test_a_damaged_collection_answers_data_loss_while_the_others_serve(tmp_path)
             assert not os.path.exists(root / "bad")
     finally:
         assert srv.stop() == 0
+
+
+@pytest.mark.parametrize("store", ["rocksdb", "blocks"])
+def test_writers_go_on_while_a_background_checkpoint_is_written(tmp_path, monkeypatch, store):
+    """The background copies the state for a checkpoint under the writers' lock and writes
+    it without: an upsert finishes while the checkpoint's files are stuck, and after a crash
+    the checkpoint and the log after it hold every acknowledged vector."""
+    from vindex import checkpoint
+    rng = np.random.default_rng(11)
+    entered, release = threading.Event(), threading.Event()
+    save = checkpoint.save
+
+    def stuck_save(*args, **kwargs):
+        entered.set()
+        release.wait(30)
+        save(*args, **kwargs)
+
+    idx = vindex.Index.build(tmp_path / "idx", _vectors(rng, 300), store=store, checkpoint_every=200)
+    monkeypatch.setattr(checkpoint, "save", stuck_save)
+    x = _vectors(rng, 400)
+    try:
+        idx.upsert(np.arange(1000, 1250), x[:250])  # 250 vectors written: a checkpoint is due
+        assert entered.wait(30)
+        later = threading.Thread(target=idx.upsert, args=(np.arange(1250, 1400), x[250:]))
+        later.start()
+        later.join(10)
+        assert not later.is_alive()  # it did not wait for the checkpoint's files
+    finally:
+        release.set()
+    assert idx.wait_idle(60)
+    monkeypatch.setattr(checkpoint, "save", save)
+    assert 0 < idx.stats()["checkpoint_seq"] < idx.stats()["log_seq"]  # the later upsert is in the log only
+    idx._closed = True  # stop as a killed process would: no checkpoint at close
+    idx._finalizer()
+    with vindex.Index.open(tmp_path / "idx") as again:
+        got, found = again.get(np.arange(1000, 1400))
+        assert found.all() and np.array_equal(got, x)
+        assert again.verify().ok
+
+
+def test_a_memory_index_past_its_checkpoint_interval_leaves_the_background_idle(tmp_path):
+    # a memory index writes no checkpoint, but one is still due every ``checkpoint_every``
+    # writes; the background thread once found it due forever and spun (300k a second)
+    import time
+    rng = np.random.default_rng(12)
+    with vindex.Index.build(tmp_path / "m", _vectors(rng, 300), store="memory", checkpoint_every=100) as idx:
+        idx.upsert(np.arange(1000, 1300), _vectors(rng, 300))
+        deadline = time.monotonic() + 30  # wait_idle does not wait for a due checkpoint
+        while idx.stats()["checkpoints"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert idx.wait_idle(30)
+        before = idx.stats()["checkpoints"]
+        time.sleep(0.3)
+        assert before >= 1 and idx.stats()["checkpoints"] == before

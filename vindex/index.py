@@ -506,6 +506,7 @@ class Index:
             "scrub_pending": self._rebalancer.scrub_pending,
             "log_seq": eng.seq,
             "checkpoint_seq": eng.checkpoint_seq,
+            "checkpoints": bg["checkpoints"],
             "durability": self.config.durability,
             "io_scheduler": self.config.io_scheduler,
             "background_duty": eng.pacer.duty,

@@ -275,7 +275,8 @@ class Rebalancer:
                         self._scrub()
                 if eng.checkpoint_due():
                     with eng.lock:
-                        eng.save_checkpoint()
+                        write = eng.start_checkpoint()
+                    write()  # files and fsyncs without the writers' lock
                     self.counters["checkpoints"] += 1
                 if batch or scrub:
                     with self._cv:
