@@ -106,6 +106,8 @@ def warmup() -> None:
                              np.array([0], np.int64), np.array([True]), heads[:1].copy(),
                              np.array([0, 2], np.int64), cents)
     lire.copies_named(recs_u, offsets, np.array([0, 1], np.int64), np.array([7], np.int64))
+    lire.scrub_doubts(recs_f, keep, offsets, np.array([0], np.int64), np.zeros(4, np.int32), heads, nbrs,
+                      np.ones(n, np.bool_), 0.5, 1.0)
     kmeans.balanced_kmeans(heads, 3, 2, 1.0, np.empty(n, np.int64), np.empty((3, d), np.float32))
     kept.usable(np.full((2, 5), -1, np.int64), np.zeros(2, np.int64), np.ones(2, np.int64))
     kept.find(np.full((4, 5), -1, np.int64), np.arange(2, dtype=np.int64))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .distances import FASTMATH, l2sq
+from .distances import FASTMATH, l2sq, within_eps
 from .kmeans import balanced_kmeans
 
 _q = dict(cache=True, nogil=True, fastmath=FASTMATH)
@@ -113,4 +113,44 @@ def copies_named(recs_u, offsets, key_off, keys):
             key = np.int64(recs_u[r, 0]) * 256 + np.int64(recs_u[r, 1])
             j = np.searchsorted(wanted, key)
             out[r] = j < wanted.shape[0] and wanted[j] == key
+    return out
+
+
+@nb.njit(**_q)
+def scrub_doubts(recs_f, keep, offsets, pids, home, centers, nbrs, alive, eps, rng_factor):
+    """Kept records whose placement a look at their posting's graph neighbourhood cannot
+    vouch for; the scrub re-runs replica selection for these only.
+
+    Record ``e`` sits in posting ``pids[i]`` (``offsets[i] <= e < offsets[i+1]``) and its
+    vector's nearest chosen posting when last placed is ``home[e]``. It is in doubt when that
+    home is gone, when the posting or one of its graph neighbours is now nearer to it than
+    its home (its nearest posting may lack it), or, for a copy outside its home, when the
+    copy breaks the replica rules against the home (beyond ``eps`` of it, or RNG-blocked by
+    it: such a copy would not be chosen). A record passing every test can still be misplaced
+    by a head outside the neighbourhood; the check costs ~35 distances against a seeded graph
+    search and replica selection for each record. Distances are squared L2."""
+    out = np.zeros(recs_f.shape[0], dtype=np.bool_)
+    for i in range(pids.shape[0]):
+        p = pids[i]
+        for e in range(offsets[i], offsets[i + 1]):
+            if not keep[e]:
+                continue
+            h = home[e]
+            if h < 0 or h >= alive.shape[0] or not alive[h]:
+                out[e] = True
+                continue
+            v = recs_f[e, HEADER:]
+            d_h = l2sq(v, centers[h])
+            doubt = False
+            if h != p:
+                d_p = l2sq(v, centers[p])
+                doubt = (d_p < d_h or not within_eps(d_p, d_h, eps)
+                         or rng_factor * l2sq(centers[h], centers[p]) <= d_p)
+            for j in range(nbrs.shape[1]):
+                if doubt:
+                    break
+                q = nbrs[p, j]
+                if q >= 0 and q != h and alive[q]:
+                    doubt = l2sq(v, centers[q]) < d_h
+            out[e] = doubt
     return out

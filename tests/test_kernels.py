@@ -307,6 +307,49 @@ def test_copies_named_matches_isin_per_posting(seed):
     np.testing.assert_array_equal(got, want)
 
 
+def _doubt_python(v, p, h, centers, nbrs, alive, eps, factor):
+    """The scrub's cheap check, written out: can a look at posting p's graph neighbourhood
+    vouch that record v (in posting p, placed with home h) is where replica selection puts it?"""
+    if h < 0 or not alive[h]:
+        return True
+    d = lambda a, b: float(((a - b) ** 2).sum())  # noqa: E731
+    d_h = d(v, centers[h])
+    if h != p:
+        d_p = d(v, centers[p])
+        if d_p < d_h or d_p > d_h + eps * d_h or factor * d(centers[h], centers[p]) <= d_p:
+            return True
+    return any(q >= 0 and q != h and alive[q] and d(v, centers[q]) < d_h for q in nbrs[p])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_scrub_doubts_matches_its_rule(seed):
+    from native import lire
+    rng = np.random.default_rng(seed)
+    n_heads, dim = 30, 4
+    centers = rng.standard_normal((n_heads, dim)).astype(np.float32)
+    nbrs = np.full((n_heads, 5), -1, np.int32)
+    for c in range(n_heads):
+        k = rng.integers(0, 6)
+        nbrs[c, :k] = rng.choice(n_heads, k, replace=False)
+    alive = rng.random(n_heads) < 0.9
+    pids = rng.choice(np.flatnonzero(alive), rng.integers(1, 6), replace=False).astype(np.int64)
+    sizes = rng.integers(0, 8, pids.size)
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    n = int(offsets[-1])
+    recs = np.zeros((n, dim + 2), np.float32)
+    owner = np.repeat(pids, sizes)
+    recs[:, 2:] = centers[owner] + 0.7 * rng.standard_normal((n, dim)).astype(np.float32)
+    keep = rng.random(n) < 0.8
+    # homes: mostly the posting itself, else another head (some of them gone), or none
+    home = np.where(rng.random(n) < 0.6, owner, rng.integers(-1, n_heads, n)).astype(np.int32)
+    eps, factor = 0.5, 1.0
+    got = lire.scrub_doubts(recs, keep, offsets, pids, home, centers, nbrs, alive, eps, factor)
+    want = [bool(keep[e]) and _doubt_python(recs[e, 2:], owner[e], home[e], centers, nbrs, alive, eps, factor)
+            for e in range(n)]
+    np.testing.assert_array_equal(got, want)
+
+
 def test_scan_filters_versions_and_dedupes_replicas():
     rng = np.random.default_rng(7)
     dim, n_vids = 6, 40

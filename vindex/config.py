@@ -79,12 +79,15 @@ class IndexConfig:
     with 18% garbage and 15% fewer live vectors, and 0.015 less recall at max_postings 16)."""
     reassign_neighbors: int = 64
     """Postings around a split whose vectors are checked for reassignment."""
-    scrub_ratio: float = 0.5
+    scrub_ratio: float = 1.0
     """Stored vectors re-checked in the background per vector written: each is moved if its
     posting is no longer among the ones the RNG rule picks (0: only SPFresh's reassignment
-    around splits). On 1M, 0.5 instead of 1.0 drained 500k upserts in 32.5 s instead of
-    38.8 (0: 29.4 s), and the churn benchmark's gaps to a fresh build were +0.007 / +0.004 /
-    +0.001 against +0.012 / +0.008 / +0.002 (single runs)."""
+    around splits). A record whose posting's graph neighbourhood vouches for it costs a read
+    and ~35 distances; about 1 in 6 gets replica selection again. On 1M (2026-12-04, single
+    runs of bench.placement, the churn benchmark's rounds): recall@10 at max_postings 16 was
+    0.0038 below a fresh build with 1.0, -0.0006 with 2.0, and 0.0065 with the default before
+    (0.5, every record fully checked); a 500k-upsert drain spent 3.1-3.5 s scrubbing at 1.0,
+    6.8-7.8 s at 2.0 and 3.8-4.2 s with the default before."""
     split_balance: float = 1.0
     """Size penalty of the balanced k-means that splits a posting (0: plain k-means)."""
     rebalance_batch: int = 256

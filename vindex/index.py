@@ -504,6 +504,7 @@ class Index:
             "stale_copies": self._rebalancer.stale_copies,
             "background_errors": bg["errors"], "background_queue": self._rebalancer.depth,
             "scrub_pending": self._rebalancer.scrub_pending,
+            "scrubbed": bg["scrubbed"], "scrub_rechecked": bg["scrub_rechecked"],
             "log_seq": eng.seq,
             "checkpoint_seq": eng.checkpoint_seq,
             "checkpoints": bg["checkpoints"],
