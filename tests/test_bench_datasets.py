@@ -274,3 +274,26 @@ def test_streaming_recall_at_equal_cost_reads_the_frontier():
     assert _recall_at(curve, "distances", 225.0) == pytest.approx(0.56 + 0.5 * (0.75 - 0.56))
     assert _recall_at(curve, "distances", 5000.0) == 0.97
     assert _recall_at(curve, "distances", 100.0) is None
+
+
+@pytest.mark.parametrize("name,factor", [("clustered_runbook", 10.0), ("delete_runbook", 1.0),
+                                         ("simple_replace_runbook", 1.0)])
+def test_bundled_runbooks_play_as_bench_streaming_reads_them(name, factor):
+    """bench.streaming's reading of the bundled big-ann-benchmarks runbooks (as scaled for
+    glove-100k and bigann-10k): inserts bring new ids, deletes and replaces name live ones,
+    every row stays inside the scaled data set, and there are searches to measure."""
+    from bench import runbook
+
+    key, max_pts, raw = runbook.load(f"{measure.REPO_ROOT}/data/runbooks/big-ann-benchmarks/{name}.yaml")
+    steps = runbook.scaled(raw, factor)
+    live = runbook.LiveSet()
+    for step in steps:
+        ids = set(step.ids.tolist())
+        if step.op == "insert":
+            assert not ids & live.row_of.keys(), f"{key}: an insert reuses live ids"
+        elif step.op in ("delete", "replace"):
+            assert ids <= live.row_of.keys(), f"{key}: a {step.op} names ids that are not live"
+        assert step.rows.size == 0 or step.rows.max() < runbook.max_row(raw) * factor
+        live.apply(step)
+    assert any(s.op == "search" for s in steps)
+    assert 0 < len(live.row_of) <= max_pts * factor
