@@ -16,7 +16,10 @@ each copy runs one of:
   slowdown is the cores alone, with no GIL shared;
 * ``disk`` (with ``--disk-load``): A only, while another process (``bench.diskload``) replays
   B's disk traffic as measured in the same round's ``sla`` run (its reads and writes a
-  second, less A's own reads alone): how much of the slowdown is the disk alone.
+  second, less A's own reads alone): how much of the slowdown is the disk alone;
+* ``apart`` and ``apart_idle`` (with ``--apart``): A only, while B's whole workload runs in
+  a process of its own on its own copy of the index (``bench.apart``), at nice 10 or under
+  ``SCHED_IDLE``: the floor for a design with the writer out of the search process.
 
 Reported per mode, as medians over ``--repeat`` runs taken round robin: A's p50/p99/p99.9
 and its p99 over the store's ``alone`` p99, B's rows/s and its ratio to ``fifo``, and the
@@ -157,6 +160,8 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
     elif mode == "disk":
         neighbour = start_disk_load(work, replay)
         time.sleep(args.warmup)
+    elif mode.startswith("apart"):
+        neighbour = start_apart(base_dir, path + "-b", n, args, idle=mode == "apart_idle")
     try:
         index = vindex.Index.open(path, io_scheduler="fifo" if mode == "fifo" else "sla",
                                   interactive_p99_ms=target_ms)
@@ -173,11 +178,14 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
             ingest = Ingest(index, extra, n, args.batch, low_priority=mode == "sla")
             ingest.start()
             time.sleep(args.warmup)
-        rows0, t0, disk0 = (ingest.rows if ingest else 0), time.perf_counter(), disk_counters(path)
+        elif mode.startswith("apart"):
+            _ask(neighbour, "go")
+            time.sleep(args.warmup)
+        rows0, t0, disk0 = _rows(ingest, neighbour), time.perf_counter(), disk_counters(path)
         lat = open_loop(index, queries, args.rate, args.seconds, args.max_postings)
         took = time.perf_counter() - t0
         disk = disk_rates(disk0, disk_counters(path), took)
-        rows = (ingest.rows - rows0) if ingest else 0
+        rows = _rows(ingest, neighbour) - rows0
         if ingest:
             ingest.stop_flag.set()
             ingest.join()
@@ -195,6 +203,35 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
         index.close()
         _stop(neighbour)
         shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path + "-b", ignore_errors=True)
+
+
+def start_apart(base_dir: str, path: str, n: int, args: argparse.Namespace, idle: bool) -> subprocess.Popen:
+    """``bench.apart`` on its own copy of the index, once it is open and warm."""
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(base_dir, path)
+    cmd = [sys.executable, "-m", "bench.apart", "--index", path, "--first-id", str(n), "--batch", str(args.batch),
+           "--switch-interval-ms", str(args.switch_interval_ms)] + (["--idle"] if idle else [])
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=measure.REPO_ROOT)
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        raise RuntimeError(f"bench.apart exited with {proc.wait()} before it was ready")
+    return proc
+
+
+def _ask(proc: subprocess.Popen, line: str) -> str:
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+    return proc.stdout.readline().strip() if line == "rows" else ""
+
+
+def _rows(ingest: Ingest | None, apart: subprocess.Popen | None) -> int:
+    """B's rows so far: its thread's, or its process's (``bench.apart``), or none."""
+    if ingest is not None:
+        return ingest.rows
+    if apart is not None and apart.stdin is not None:
+        return int(_ask(apart, "rows"))
+    return 0
 
 
 def _stop(proc: subprocess.Popen | None) -> None:
@@ -203,8 +240,9 @@ def _stop(proc: subprocess.Popen | None) -> None:
         return
     proc.kill()
     proc.wait()
-    if proc.stdout:
-        proc.stdout.close()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe:
+            pipe.close()
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -284,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the burner's nice value (default: the one B's threads run at under sla)")
     ap.add_argument("--disk-load", action="store_true",
                     help="also run A beside another process replaying B's disk traffic (no GIL shared)")
+    ap.add_argument("--apart", action="store_true",
+                    help="also run A beside B's workload in a process of its own (nice 10, and SCHED_IDLE)")
     ap.add_argument("--recall-queries", type=int, default=1000)
     ap.add_argument("--latency-queries", type=int, default=2000)
     ap.add_argument("--out", default="bench/results")
@@ -313,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             result["cold"][store] = cold_search(base_dir, queries, gt, args)
             runs = result["stores"][store] = {}
             target = args.p99_target_ms
-            modes = MODES + (("burner",) if args.burner else ()) + (("disk",) if args.disk_load else ())
+            modes = (MODES + (("burner",) if args.burner else ()) + (("disk",) if args.disk_load else ())
+                     + (("apart", "apart_idle") if args.apart else ()))
             reps: dict[str, list[dict]] = {m: [] for m in modes}
             for rep in range(args.repeat):  # round robin, so drift on the machine hits every mode
                 for mode in modes:
@@ -330,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
             runs["sla"]["b_over_fifo"] = runs["sla"]["b_rows_per_s"] / max(runs["fifo"]["b_rows_per_s"], 1e-9)
             beside = f", burner {runs['burner']['a_p99_over_alone']:.2f}x" if args.burner else ""
             beside += f", disk {runs['disk']['a_p99_over_alone']:.2f}x" if args.disk_load else ""
+            for mode in ("apart", "apart_idle") if args.apart else ():
+                beside += f", {mode} {runs[mode]['a_p99_over_alone']:.2f}x (B {runs[mode]['b_rows_per_s']:.0f} rows/s)"
             print(f"[{store}] medians of {args.repeat}: A p99 over alone: fifo {runs['fifo']['a_p99_over_alone']:.2f}x, "
                   f"sla {runs['sla']['a_p99_over_alone']:.2f}x{beside}; B sla/fifo {runs['sla']['b_over_fifo']:.2f}x",
                   file=sys.stderr, flush=True)

@@ -1,0 +1,84 @@
+"""Tenant B in a process of its own: ``bench.sla``'s ingest, on its own copy of the index.
+
+    python -m bench.apart --index DIR --first-id N [--idle]
+
+``bench.sla --apart`` runs it beside tenant A alone: B's whole workload (upserts flat out,
+the splits, reassignments and merges they cause, the store's writes) with nothing shared with
+A's process but the cores and the disk. That is the best a design with the writer out of the
+search process could do on this machine: A's index does not grow and no state is shared, so
+the figure is a floor for such a design, not a measure of one.
+
+Every thread runs at B's CPU priority under ``sla`` (nice 10), or with ``--idle`` under
+``SCHED_IDLE`` (it runs only when nothing else wants the core). Protocol on stdin/stdout:
+prints ``ready`` once the index is open and warm, starts ingesting at ``go``, answers each
+``rows`` with the rows upserted so far, and exits at end of input.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+
+import numpy as np
+
+import vindex
+from vindex.iosched import LOW_PRIORITY_NICE
+
+from . import synthetic
+
+
+def lower_process_priority(idle: bool) -> None:
+    """Before any thread starts: threads inherit the policy and nice value of their creator."""
+    if idle:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    else:
+        os.setpriority(os.PRIO_PROCESS, 0, LOW_PRIORITY_NICE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", required=True, help="B's own copy of the index")
+    ap.add_argument("--first-id", type=int, required=True, help="the first new id (and synthetic row)")
+    ap.add_argument("--rows", type=int, default=400_000)
+    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--idle", action="store_true", help="SCHED_IDLE instead of nice 10")
+    ap.add_argument("--switch-interval-ms", type=float, default=0.25)
+    args = ap.parse_args(argv)
+    lower_process_priority(args.idle)
+    sys.setswitchinterval(args.switch_interval_ms / 1000)
+    x = synthetic.make_rows(args.first_id, args.first_id + args.rows, 128, 0)
+    vindex.warmup()
+    index = vindex.Index.open(args.index)
+    rows = 0
+    go, stop = threading.Event(), threading.Event()
+
+    def ingest() -> None:
+        nonlocal rows
+        go.wait()
+        for lo in range(0, args.rows, args.batch):
+            if stop.is_set():
+                return
+            hi = min(lo + args.batch, args.rows)
+            index.upsert(np.arange(args.first_id + lo, args.first_id + hi), x[lo:hi])
+            rows = hi
+
+    worker = threading.Thread(target=ingest, daemon=True)
+    worker.start()
+    print("ready", flush=True)
+    try:
+        for line in sys.stdin:
+            if line.strip() == "go":
+                go.set()
+            elif line.strip() == "rows":
+                print(rows, flush=True)
+    finally:
+        stop.set()
+        go.set()
+        worker.join()
+        index.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
