@@ -84,3 +84,41 @@ def test_pooled_latencies_are_sorted_for_the_cdf():
 
     pooled = sla.median_run([run([3.0, 1.0]), run([2.0, 0.5])])["a_latencies_ms"]
     assert pooled == [0.5, 1.0, 2.0, 3.0]  # one run after another would draw a staircase
+
+
+def test_apart_ingests_its_own_copy_at_idle_priority_on_cue(tmp_path):
+    """bench.apart, tenant B in a process of its own: nothing before ``go``, rows counted
+    after it, every thread under SCHED_IDLE with ``--idle``, and what it upserted is in its
+    copy once it exits at end of input."""
+    import vindex
+    from bench import synthetic
+
+    path = tmp_path / "b"
+    vindex.Index.build(path, synthetic.make_rows(0, 2_000, 128, 0), progress=False).close()
+    proc = subprocess.Popen([sys.executable, "-m", "bench.apart", "--index", str(path), "--first-id", "2000",
+                             "--rows", "3000", "--batch", "500", "--idle"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        assert os.sched_getscheduler(proc.pid) == os.SCHED_IDLE
+        proc.stdin.write("rows\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "0"  # no upserts before go
+        proc.stdin.write("go\n")
+        deadline, rows = time.monotonic() + 60, 0
+        while rows < 3000 and time.monotonic() < deadline:
+            proc.stdin.write("rows\n")
+            proc.stdin.flush()
+            rows = int(proc.stdout.readline())
+            time.sleep(0.05)
+        assert rows == 3000
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    with vindex.Index.open(path) as index:
+        assert len(index) == 5000
+        _, found = index.get(np.arange(2000, 5000))
+        assert found.all()
