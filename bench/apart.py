@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
-
-import numpy as np
 
 import vindex
 from vindex.iosched import LOW_PRIORITY_NICE
 
 from . import synthetic
+from .sla import Ingest
 
 
 def lower_process_priority(idle: bool) -> None:
@@ -50,32 +48,19 @@ def main(argv: list[str] | None = None) -> int:
     x = synthetic.make_rows(args.first_id, args.first_id + args.rows, 128, 0)
     vindex.warmup()
     index = vindex.Index.open(args.index)
-    rows = 0
-    go, stop = threading.Event(), threading.Event()
-
-    def ingest() -> None:
-        nonlocal rows
-        go.wait()
-        for lo in range(0, args.rows, args.batch):
-            if stop.is_set():
-                return
-            hi = min(lo + args.batch, args.rows)
-            index.upsert(np.arange(args.first_id + lo, args.first_id + hi), x[lo:hi])
-            rows = hi
-
-    worker = threading.Thread(target=ingest, daemon=True)
-    worker.start()
+    # the same ingest as bench.sla's thread; the process's priority is already B's
+    ingest = Ingest(index, x, args.first_id, args.batch, low_priority=False)
     print("ready", flush=True)
     try:
         for line in sys.stdin:
-            if line.strip() == "go":
-                go.set()
+            if line.strip() == "go" and ingest.ident is None:  # started once
+                ingest.start()
             elif line.strip() == "rows":
-                print(rows, flush=True)
+                print(ingest.rows, flush=True)
     finally:
-        stop.set()
-        go.set()
-        worker.join()
+        ingest.stop_flag.set()
+        if ingest.is_alive():
+            ingest.join()
         index.close()
     return 0
 
