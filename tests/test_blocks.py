@@ -947,3 +947,79 @@ def test_appends_keep_each_posting_in_few_runs(tmp_path, engine):
     s = open_store(tmp_path / "s", create=False, engine=engine)
     assert vids_of(s, list(range(4))) == [want[p] for p in range(4)]
     s.close()
+
+
+def _count_read_backs(store, monkeypatch) -> list[int]:
+    """Old blocks the store reads back for appends, one entry per commit that reads any."""
+    got: list[int] = []
+    read_back = store._read_back
+
+    def counting(work, io):
+        got.append(sum(w.reread.shape[0] for w in work.values()))
+        read_back(work, io)
+
+    monkeypatch.setattr(store, "_read_back", counting)
+    return got
+
+
+def test_appends_take_the_tail_block_from_memory(tmp_path, engine, monkeypatch):
+    """An append rewrites its posting's partly filled tail block. The load or commit that
+    wrote that block left its bytes in memory, so the append reads nothing back; after a
+    reopen (nothing kept) the first append reads it from the disk, the next does not."""
+    s = open_store(tmp_path / "s", engine=engine)
+    want = {p: list(range(100 * p, 100 * p + 5)) for p in range(3)}
+    load(s, want)
+    reads = _count_read_backs(s, monkeypatch)
+    for step in range(6):  # 3 records an append: all stay in the first block
+        new = {p: [1000 + 10 * step + p] * 3 for p in range(3)}
+        s.commit(Change(appends={p: recs(v) for p, v in new.items()}), IOClass.UPDATE)
+        for p, v in new.items():
+            want[p] += v
+    assert reads == [] and s.stats()["tail_hits"] == 18
+    assert vids_of(s, [0, 1, 2]) == [want[p] for p in range(3)]
+    s.close()
+    s = open_store(tmp_path / "s", create=False, engine=engine)
+    reads = _count_read_backs(s, monkeypatch)
+    for v in (7, 8):
+        s.commit(Change(appends={0: recs([v] * 3)}), IOClass.UPDATE)
+        want[0] += [v] * 3
+    assert reads == [1] and s.stats()["tail_hits"] == 1
+    assert vids_of(s, [0, 1, 2]) == [want[p] for p in range(3)]
+    s.close()
+
+
+def test_kept_tails_stay_within_budget_and_never_serve_stale_bytes(tmp_path, monkeypatch):
+    """Random appends, replaces, drops and reloads of the same postings, with room for only a
+    few kept tails: every read matches a model of the postings, the tails kept stay within
+    the budget, and appends both found their tail in memory and read it back."""
+    monkeypatch.setattr(blocks, "TAIL_CACHE_BYTES", 4 * 1024)
+    rng = np.random.default_rng(7)
+    s = open_store(tmp_path / "s")
+    want = {p: [p] * int(rng.integers(1, 300)) for p in range(12)}
+    load(s, want)
+    reads = _count_read_backs(s, monkeypatch)
+    vid = 10_000
+    for step in range(150):
+        op = rng.random()
+        pids = rng.choice(12, size=int(rng.integers(1, 5)), replace=False).tolist()
+        if op < 0.7:
+            new = {p: list(range(vid, vid + int(rng.integers(1, 200)))) for p in pids}
+            s.commit(Change(appends={p: recs(v) for p, v in new.items()}), IOClass.UPDATE)
+            for p, v in new.items():
+                want[p] += v
+        elif op < 0.85:
+            new = {p: list(range(vid, vid + int(rng.integers(1, 300)))) for p in pids}
+            s.commit(Change(replaces={p: recs(v) for p, v in new.items()}), IOClass.UPDATE)
+            want.update(new)
+        elif op < 0.93:
+            s.commit(Change(drops=pids), IOClass.UPDATE)
+            want.update({p: [] for p in pids})
+        else:
+            new = {p: list(range(vid, vid + int(rng.integers(1, 300)))) for p in pids}
+            load(s, new)
+            want.update(new)
+        vid += 1000
+        assert s._tail_bytes == sum(len(t[2]) for t in s._tails.values()) <= blocks.TAIL_CACHE_BYTES
+        assert vids_of(s, list(range(12))) == [want[p] for p in range(12)], step
+    assert s.stats()["tail_hits"] > 20 and len(reads) > 20
+    s.close()

@@ -12,7 +12,8 @@ Layout of the store directory::
 A posting's records lie back to back in its blocks (a record may straddle two blocks; only the
 last block is partly filled; see ``blockmap``). A commit never overwrites a block the map
 points at: an append rewrites the partly filled tail block into a new block followed by new
-blocks, a replace writes new blocks. Each append leaves the posting's full blocks where they
+blocks, a replace writes new blocks. The bytes of each tail block a commit wrote stay in memory
+(``TAIL_CACHE_BYTES`` in all), so the next append to that posting need not read it back. Each append leaves the posting's full blocks where they
 were, so a posting appended to many times ends up in as many places, and a search pays one
 I/O per place: an append that would leave a posting in more than ``MAX_RUNS`` runs of
 consecutive blocks rewrites it whole into one run instead. Data blocks are written (pwrite,
@@ -41,8 +42,8 @@ plenty of blocks wait only for an fsync, the commit syncs first.
 
 Checksums: every data block has a 32-bit checksum of its 4096 bytes (``native.checksum``),
 computed by the commit that writes the block and kept in the map beside the block id. Every
-read that returns data (``read``: searches, gets, rebalancing; the tail block an append
-rewrites) checks the blocks it gathered with one nogil kernel call before anything else
+read that returns data (``read``: searches, gets, rebalancing; the old blocks an append
+reads back) checks the blocks it gathered with one nogil kernel call before anything else
 touches them; a mismatch raises ``CorruptionError`` naming the data file, the block and its
 posting, never a wrong vector. Cost: ~0.25 us per 4 KiB block; a 64-posting read of 448
 blocks spends ~110 us checking, 3-5% of its 2-4 ms here (``test_checksum_cost_...``).
@@ -73,8 +74,9 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -104,6 +106,7 @@ PAUSE_MIN_POSTINGS = 64   # commits writing more postings pause for running sear
 MAX_RUNS = 2
 SYNC_EVERY_BLOCKS = 65536  # unsynced data (256 MiB) after which a commit syncs: bounds what an open reads back
 VERIFY_BLOCKS = 4096       # blocks read back at a time when opening checks unsynced commits
+TAIL_CACHE_BYTES = 64 << 20  # partly filled tail blocks kept for appends (~2 KiB a posting)
 _ZEROS = bytes(BLOCK)     # padding to a whole block
 
 
@@ -252,6 +255,8 @@ class BlockStore:
         self._buffers = _ThreadBuffers()
         self._wbuf = _Aligned(1 << 20)   # commit data (write lock)
         self._tbuf = _Aligned(1 << 16)   # old blocks an append rewrites (write lock)
+        self._tails: OrderedDict[int, tuple[int, int, bytes]] = OrderedDict()  # pid -> (block, checksum, bytes)
+        self._tail_bytes = self.tail_hits = 0
         self._stats_lock = threading.Lock()
         self.reads = self.read_bytes = 0
         self._by_class = {c.value: 0 for c in CLASSES}
@@ -518,7 +523,7 @@ class BlockStore:
             self._pause(change)
             self._reclaim()
             chosen = self._allocate([blocks_for(sum(len(p) for p in w.pieces)) for w in work.values()])
-            sums = self._write(list(work.values()), chosen)
+            sums, tails = self._write(list(work.values()), chosen)
             self._pause(change)
             entries: Entries = {}
             for (pid, w), new, new_sums in zip(work.items(), chosen, sums):
@@ -535,6 +540,7 @@ class BlockStore:
                 self._seq = seq
                 self._user.append((seq, offset, len(rec)))
             self._apply(entries, np.concatenate(chosen) if chosen else EMPTY, released)
+            self._keep_tails(entries.items(), tails)
             if self._unsynced_blocks >= SYNC_EVERY_BLOCKS:
                 self._sync_quietly()
             return seq
@@ -589,14 +595,23 @@ class BlockStore:
             tail = (r * rs) % BLOCK
             keep = blocks.shape[0] - (1 if tail else 0)
             if self._kept_runs(pid, blocks, keep) + 1 > MAX_RUNS:  # fold: the whole posting to new blocks
-                released.append(blocks)
-                work[pid] = _Rewrite(EMPTY, r + n, [data], reread=blocks, reread_bytes=r * rs, reread_sums=sums)
-            elif tail:  # the partly filled tail moves, with the new records, to new blocks
-                released.append(blocks[-1:])
-                work[pid] = _Rewrite(blocks[:-1], r + n, [data], kept_sums=sums[:-1],
-                                     reread=blocks[-1:], reread_bytes=tail, reread_sums=sums[-1:])
-            else:
+                keep = 0
+            if keep == blocks.shape[0]:
                 work[pid] = _Rewrite(blocks, r + n, [data], kept_sums=sums)
+                continue
+            # blocks[keep:] (the partly filled tail, or the runs a fold rewrites) move, with the
+            # new records, to new blocks; the tail's bytes come from memory when the commit
+            # that wrote it left them there, the rest is read back
+            released.append(blocks[keep:])
+            cached = self._tails.get(pid) if tail else None
+            if cached is not None and cached[0] == int(blocks[-1]) and cached[1] == int(sums[-1]):
+                self.tail_hits += 1
+                work[pid] = _Rewrite(blocks[:keep], r + n, [cached[2], data], kept_sums=sums[:keep],
+                                     reread=blocks[keep:-1], reread_bytes=(blocks.shape[0] - 1 - keep) * BLOCK,
+                                     reread_sums=sums[keep:-1])
+            else:
+                work[pid] = _Rewrite(blocks[:keep], r + n, [data], kept_sums=sums[:keep], reread=blocks[keep:],
+                                     reread_bytes=r * rs - keep * BLOCK, reread_sums=sums[keep:])
         return work, (np.concatenate(released) if released else EMPTY)
 
     def _kept_runs(self, pid: int, blocks: np.ndarray, keep: int) -> int:
@@ -673,26 +688,48 @@ class BlockStore:
             raise _failed(exc, f"block store {self._data_path}", "growing the file") from None
         self._capacity = new
 
-    def _write(self, work: list[_Rewrite], chosen: list[np.ndarray]) -> list[np.ndarray]:
+    def _write(self, work: list[_Rewrite], chosen: list[np.ndarray]) -> tuple[list[np.ndarray], list[bytes]]:
         """Write the new bytes of each posting to its chosen blocks (O_DIRECT, one pwrite per
-        run of consecutive blocks); returns each posting's checksums of those blocks."""
+        run of consecutive blocks); returns each posting's checksums of those blocks, and the
+        bytes of its partly filled last block (empty if that block is full)."""
         total = sum(c.shape[0] for c in chosen)
         if total == 0:
-            return [EMPTY] * len(chosen)
+            return [EMPTY] * len(chosen), [b""] * len(chosen)
         buf = self._write_buffer(total * BLOCK)
         parts: list[bytes] = []  # one join and one copy: per piece, numpy would cost more
+        ends: list[tuple[int, int]] = []  # per posting: where its bytes end in the join, its tail's length
+        size = 0
         for w in work:
             parts.extend(w.pieces)
-            pad = -sum(len(p) for p in w.pieces) % BLOCK
+            size += sum(len(p) for p in w.pieces)
+            ends.append((size, size % BLOCK))
+            pad = -size % BLOCK
             if pad:
                 parts.append(_ZEROS[:pad])
+                size += pad
         joined = b"".join(parts)
         buf.arr[:len(joined)] = np.frombuffer(joined, dtype=np.uint8)
         blocks = np.concatenate(chosen)
         sums = np.empty(total, dtype=np.uint32)
         native.checksum.block_sums(buf.arr, total, sums)
         self._pwrite_blocks(blocks, buf)
-        return np.split(sums, np.cumsum([c.shape[0] for c in chosen[:-1]]).astype(np.int64))
+        tails = [joined[end - tail:end] for end, tail in ends]
+        return np.split(sums, np.cumsum([c.shape[0] for c in chosen[:-1]]).astype(np.int64)), tails
+
+    def _keep_tails(self, written: Iterable[tuple[int, Entry | None]], tails: list[bytes]) -> None:
+        """Keep the partly filled last block of each posting a commit wrote, so the next append
+        to it need not read it back (under a flat-out ingest most appends would, one I/O each);
+        past ``TAIL_CACHE_BYTES`` those written longest ago go. A kept tail is used only while
+        the map still names its block and checksum. Holds the write lock."""
+        for (pid, e), tail in zip(written, tails):
+            old = self._tails.pop(pid, None)
+            if old is not None:
+                self._tail_bytes -= len(old[2])
+            if e is not None and tail:
+                self._tails[pid] = (int(e.blocks[-1]), int(e.sums[-1]), tail)
+                self._tail_bytes += len(tail)
+        while self._tail_bytes > TAIL_CACHE_BYTES:
+            self._tail_bytes -= len(self._tails.popitem(last=False)[1][2])
 
     def _write_buffer(self, size: int) -> _Aligned:
         if self._wbuf.size < size:
@@ -754,6 +791,7 @@ class BlockStore:
             self._reclaim()
             chosen = self._allocate([blocks_for(int(n) * rs) for n in counts.tolist()])
             sums: list[np.ndarray] = []
+            tails: list[bytes] = []
             lo = 0
             while lo < len(pids):  # a buffer's worth of postings per write
                 hi, size = lo, 0
@@ -762,15 +800,19 @@ class BlockStore:
                     hi += 1
                 pieces = [_Rewrite(EMPTY, int(counts[i]), [raw[offsets[i] * rs:offsets[i + 1] * rs]])
                           for i in range(lo, hi)]
-                sums += self._write(pieces, chosen[lo:hi])
+                written, ends = self._write(pieces, chosen[lo:hi])
+                sums += written
+                tails += ends
                 lo = hi
-            entries: Entries = {pid: (Entry(c, int(n), s) if n else None)
-                                for pid, c, n, s in zip(pids, chosen, counts.tolist(), sums)}
+            fresh = [(pid, Entry(c, int(n), s) if n else None)
+                     for pid, c, n, s in zip(pids, chosen, counts.tolist(), sums)]
+            entries: Entries = dict(fresh)
             old = [e.blocks for p in pids if (e := self._map.get(p)) is not None]
             with self._sync_lock:
                 self._rotate(keep_above=-1, overlay=entries)
             self._apply(entries, np.concatenate(chosen) if chosen else EMPTY,
                         np.concatenate(old) if old else EMPTY)
+            self._keep_tails(fresh, tails)
 
     # --- the log ------------------------------------------------------------------------------
     def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
@@ -898,6 +940,7 @@ class BlockStore:
             "blocks_free": int(m.free.shape[0]) + max(0, self._capacity - m.high),
             "blocks_held": m.limbo_blocks, "log_bytes": self._log_end, "seq": self._seq,
             "reads": reads, "read_bytes": read_bytes, "reads_by_class": by_class,
+            "tails_kept": len(self._tails), "tail_hits": self.tail_hits,
             "queues": self._sched.stats(),
         }
 
