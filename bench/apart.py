@@ -34,6 +34,16 @@ def lower_process_priority(idle: bool) -> None:
         os.setpriority(os.PRIO_PROCESS, 0, LOW_PRIORITY_NICE)
 
 
+def idle_io() -> None:
+    """Every read and write of this process in the kernel's idle I/O class: the process's
+    own priority (threads inherit it) and the one the stores tag each class's requests with."""
+    from vindex.storage import uring
+    idle = uring.ioprio(3, 7)  # IOPRIO_CLASS_IDLE
+    uring._syscall(uring._SYS_IOPRIO_SET, uring._IOPRIO_WHO_PROCESS, 0, idle)
+    for cls in list(uring.CLASS_IOPRIO):
+        uring.CLASS_IOPRIO[cls] = idle
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--index", required=True, help="B's own copy of the index")
@@ -41,15 +51,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=400_000)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--idle", action="store_true", help="SCHED_IDLE instead of nice 10")
+    ap.add_argument("--rows-per-s", type=float, default=0.0, help="pace the upserts (0: flat out)")
+    ap.add_argument("--io-idle", action="store_true", help="every read and write in the idle I/O class")
     ap.add_argument("--switch-interval-ms", type=float, default=0.25)
     args = ap.parse_args(argv)
     lower_process_priority(args.idle)
+    if args.io_idle:
+        idle_io()
     sys.setswitchinterval(args.switch_interval_ms / 1000)
     x = synthetic.make_rows(args.first_id, args.first_id + args.rows, 128, 0)
     vindex.warmup()
     index = vindex.Index.open(args.index)
     # the same ingest as bench.sla's thread; the process's priority is already B's
-    ingest = Ingest(index, x, args.first_id, args.batch, low_priority=False)
+    ingest = Ingest(index, x, args.first_id, args.batch, low_priority=False,
+                    rows_per_s=args.rows_per_s or None)
     print("ready", flush=True)
     try:
         for line in sys.stdin:

@@ -129,25 +129,33 @@ def open_loop(index: vindex.Index, queries: np.ndarray, rate: float, seconds: fl
 class Ingest(threading.Thread):
     """Tenant B: upserts new ids flat out until stopped."""
 
-    def __init__(self, index: vindex.Index, x: np.ndarray, first_id: int, batch: int, low_priority: bool):
+    def __init__(self, index: vindex.Index, x: np.ndarray, first_id: int, batch: int, low_priority: bool,
+                 rows_per_s: float | None = None):
         super().__init__(daemon=True)
         self.index, self.x, self.first_id, self.batch = index, x, first_id, batch
-        self.low_priority = low_priority
+        self.low_priority, self.rows_per_s = low_priority, rows_per_s
         self.rows, self.stop_flag = 0, threading.Event()
 
     def run(self) -> None:
         if self.low_priority:  # as `vindex serve` runs upserts: on its lower-priority pool
             lower_thread_priority()
-        lo = 0
+        lo, t0 = 0, time.perf_counter()
         while not self.stop_flag.is_set() and lo < self.x.shape[0]:
             hi = min(lo + self.batch, self.x.shape[0])
             self.index.upsert(np.arange(self.first_id + lo, self.first_id + hi), self.x[lo:hi])
             self.rows += hi - lo
             lo = hi
+            if self.rows_per_s:  # paced: the next batch waits for its turn (no catching up in a burst)
+                ahead = t0 + lo / self.rows_per_s - time.perf_counter()
+                if ahead > 0:
+                    self.stop_flag.wait(ahead)
+                else:
+                    t0 -= ahead
 
 
 def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.ndarray, n: int,
-            args: argparse.Namespace, target_ms: float, replay: dict | None = None) -> dict:
+            args: argparse.Namespace, target_ms: float, replay: dict | None = None,
+            fifo_rows_per_s: float = 0.0) -> dict:
     path = os.path.join(work, f"run-{mode}")
     shutil.rmtree(path, ignore_errors=True)
     shutil.copytree(base_dir, path)
@@ -161,7 +169,7 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
         neighbour = start_disk_load(work, replay)
         time.sleep(args.warmup)
     elif mode.startswith("apart"):
-        neighbour = start_apart(base_dir, path + "-b", n, args, idle=mode == "apart_idle")
+        neighbour = start_apart(base_dir, path + "-b", n, args, mode, fifo_rows_per_s)
     try:
         index = vindex.Index.open(path, io_scheduler="fifo" if mode == "fifo" else "sla",
                                   interactive_p99_ms=target_ms)
@@ -206,12 +214,22 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
         shutil.rmtree(path + "-b", ignore_errors=True)
 
 
-def start_apart(base_dir: str, path: str, n: int, args: argparse.Namespace, idle: bool) -> subprocess.Popen:
+#: ``bench.apart``'s options per mode: ``apart`` at nice 10, the others under SCHED_IDLE;
+#: ``_io``: in the kernel's idle I/O class; ``_paced``: B at ``--apart-pace`` of the round's
+#: ``fifo`` rate (the slowest the goal allows B to be).
+APART_MODES = {"apart": [], "apart_idle": ["--idle"], "apart_io": ["--idle", "--io-idle"],
+               "apart_paced": ["--idle"], "apart_io_paced": ["--idle", "--io-idle"]}
+
+
+def start_apart(base_dir: str, path: str, n: int, args: argparse.Namespace, mode: str,
+                fifo_rows_per_s: float) -> subprocess.Popen:
     """``bench.apart`` on its own copy of the index, once it is open and warm."""
     shutil.rmtree(path, ignore_errors=True)
     shutil.copytree(base_dir, path)
     cmd = [sys.executable, "-m", "bench.apart", "--index", path, "--first-id", str(n), "--batch", str(args.batch),
-           "--switch-interval-ms", str(args.switch_interval_ms)] + (["--idle"] if idle else [])
+           "--switch-interval-ms", str(args.switch_interval_ms)] + APART_MODES[mode]
+    if mode.endswith("_paced"):
+        cmd += ["--rows-per-s", f"{args.apart_pace * fifo_rows_per_s:.1f}"]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=measure.REPO_ROOT)
     if proc.stdout.readline().strip() != "ready":
         proc.kill()
@@ -324,10 +342,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run A beside another process replaying B's disk traffic (no GIL shared)")
     ap.add_argument("--apart", action="store_true",
                     help="also run A beside B's workload in a process of its own (nice 10, and SCHED_IDLE)")
+    ap.add_argument("--apart-modes", default="apart,apart_idle",
+                    help=f"which of {', '.join(APART_MODES)} --apart runs")
+    ap.add_argument("--apart-pace", type=float, default=0.7,
+                    help="the _paced modes' B rate, as a fraction of the round's fifo rate")
     ap.add_argument("--recall-queries", type=int, default=1000)
     ap.add_argument("--latency-queries", type=int, default=2000)
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
+    apart_modes = args.apart_modes.split(",")
+    if unknown := set(apart_modes) - set(APART_MODES):
+        ap.error(f"--apart-modes: no mode {', '.join(sorted(unknown))}")
     n = datasets.parse_count(args.n)
     base, queries, _ = synthetic.load_cached(n, 128, 0)
     base, queries = np.asarray(base), np.asarray(queries)
@@ -354,12 +379,14 @@ def main(argv: list[str] | None = None) -> int:
             runs = result["stores"][store] = {}
             target = args.p99_target_ms
             modes = (MODES + (("burner",) if args.burner else ()) + (("disk",) if args.disk_load else ())
-                     + (("apart", "apart_idle") if args.apart else ()))
+                     + (tuple(apart_modes) if args.apart else ()))
             reps: dict[str, list[dict]] = {m: [] for m in modes}
             for rep in range(args.repeat):  # round robin, so drift on the machine hits every mode
                 for mode in modes:
                     replay = b_traffic(reps["sla"][rep], reps["alone"][rep]) if mode == "disk" else None
-                    reps[mode].append(one_run(base_dir, work, mode, queries, extra, n, args, target or 5.0, replay))
+                    fifo_rate = reps["fifo"][rep]["b_rows_per_s"] if len(reps["fifo"]) > rep else 0.0
+                    reps[mode].append(one_run(base_dir, work, mode, queries, extra, n, args, target or 5.0, replay,
+                                              fifo_rate))
                     if mode == "alone" and not target and rep == 0:
                         target = 1.5 * reps["alone"][0]["a"]["p99"]
             for mode in modes:
@@ -371,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             runs["sla"]["b_over_fifo"] = runs["sla"]["b_rows_per_s"] / max(runs["fifo"]["b_rows_per_s"], 1e-9)
             beside = f", burner {runs['burner']['a_p99_over_alone']:.2f}x" if args.burner else ""
             beside += f", disk {runs['disk']['a_p99_over_alone']:.2f}x" if args.disk_load else ""
-            for mode in ("apart", "apart_idle") if args.apart else ():
+            for mode in apart_modes if args.apart else ():
                 beside += f", {mode} {runs[mode]['a_p99_over_alone']:.2f}x (B {runs[mode]['b_rows_per_s']:.0f} rows/s)"
             print(f"[{store}] medians of {args.repeat}: A p99 over alone: fifo {runs['fifo']['a_p99_over_alone']:.2f}x, "
                   f"sla {runs['sla']['a_p99_over_alone']:.2f}x{beside}; B sla/fifo {runs['sla']['b_over_fifo']:.2f}x",

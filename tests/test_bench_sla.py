@@ -92,15 +92,18 @@ def test_apart_ingests_its_own_copy_at_idle_priority_on_cue(tmp_path):
     copy once it exits at end of input."""
     import vindex
     from bench import synthetic
+    from vindex.storage import uring
 
     path = tmp_path / "b"
     vindex.Index.build(path, synthetic.make_rows(0, 2_000, 128, 0), progress=False).close()
     proc = subprocess.Popen([sys.executable, "-m", "bench.apart", "--index", str(path), "--first-id", "2000",
-                             "--rows", "3000", "--batch", "500", "--idle"],
+                             "--rows", "3000", "--batch", "500", "--idle", "--io-idle"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert proc.stdout.readline().strip() == "ready"
         assert os.sched_getscheduler(proc.pid) == os.SCHED_IDLE
+        if uring._SYS_IOPRIO_GET is not None:  # the idle I/O class (3), which its threads inherit
+            assert uring._syscall(uring._SYS_IOPRIO_GET, uring._IOPRIO_WHO_PROCESS, proc.pid) >> 13 == 3
         proc.stdin.write("rows\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "0"  # no upserts before go
@@ -122,3 +125,21 @@ def test_apart_ingests_its_own_copy_at_idle_priority_on_cue(tmp_path):
         assert len(index) == 5000
         _, found = index.get(np.arange(2000, 5000))
         assert found.all()
+
+
+def test_paced_ingest_waits_for_each_batch_s_turn():
+    """bench.sla.Ingest with ``rows_per_s`` (bench.apart --rows-per-s): each batch waits for
+    its turn, so 5 batches of 10 at 200 rows/s span at least 4 turns of 0.05 s."""
+    from bench.sla import Ingest
+
+    calls: list[float] = []
+
+    class Instant:
+        def upsert(self, ids, x):
+            calls.append(time.perf_counter())
+
+    ingest = Ingest(Instant(), np.zeros((50, 4), np.float32), 0, 10, low_priority=False, rows_per_s=200.0)
+    ingest.start()
+    ingest.join(10)
+    assert ingest.rows == 50 and len(calls) == 5
+    assert calls[-1] - calls[0] >= 0.9 * 4 * 10 / 200
