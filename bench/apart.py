@@ -1,6 +1,6 @@
 """Tenant B in a process of its own: ``bench.sla``'s ingest, on its own copy of the index.
 
-    python -m bench.apart --index DIR --first-id N [--idle]
+    python -m bench.apart --index DIR --first-id N [--idle] [--io-idle] [--rows-per-s R]
 
 ``bench.sla --apart`` runs it beside tenant A alone: B's whole workload (upserts flat out,
 the splits, reassignments and merges they cause, the store's writes) with nothing shared with
@@ -9,7 +9,8 @@ search process could do on this machine: A's index does not grow and no state is
 the figure is a floor for such a design, not a measure of one.
 
 Every thread runs at B's CPU priority under ``sla`` (nice 10), or with ``--idle`` under
-``SCHED_IDLE`` (it runs only when nothing else wants the core). Protocol on stdin/stdout:
+``SCHED_IDLE`` (it runs only when nothing else wants the core); with ``--io-idle`` every
+read and write is in the kernel's idle I/O class; ``--rows-per-s`` paces the upserts. Protocol on stdin/stdout:
 prints ``ready`` once the index is open and warm, starts ingesting at ``go``, answers each
 ``rows`` with the rows upserted so far, and exits at end of input.
 """

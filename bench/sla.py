@@ -20,6 +20,9 @@ each copy runs one of:
 * ``apart`` and ``apart_idle`` (with ``--apart``): A only, while B's whole workload runs in
   a process of its own on its own copy of the index (``bench.apart``), at nice 10 or under
   ``SCHED_IDLE``: the floor for a design with the writer out of the search process.
+  ``--apart-modes`` picks among those and, under ``SCHED_IDLE`` too, ``apart_io`` (every
+  read and write of B's process in the kernel's idle I/O class), ``apart_paced`` (B paced to
+  ``--apart-pace`` of the round's ``fifo`` rate, 0.7 by default) and ``apart_io_paced``.
 
 Reported per mode, as medians over ``--repeat`` runs taken round robin: A's p50/p99/p99.9
 and its p99 over the store's ``alone`` p99, B's rows/s and its ratio to ``fifo``, and the
