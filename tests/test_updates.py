@@ -123,11 +123,12 @@ def test_copies_waiting_to_be_cut_survive_a_close_not_a_crash(tmp_path):
         x = ints(rng, 250)
         index.upsert(np.arange(lo, lo + 250), x)
         model.update(zip(range(lo, lo + 250), x))
+    index.upsert([5000], ints(rng, 1))  # a log record after the periodic checkpoint
+    model[5000] = index.get([5000])[0][0]
+    # after the last upsert: the split it may cause leaves copies waiting too
     assert index.wait_idle(timeout=60)
     waiting = {p: k.copy() for p, k in index._rebalancer._stale.items()}
     assert sum(k.size for k in waiting.values()) > 0
-    index.upsert([5000], ints(rng, 1))  # a log record after the periodic checkpoint
-    model[5000] = index.get([5000])[0][0]
     shutil.copytree(tmp_path / "s", tmp_path / "crashed")  # as a kill leaves it
     index.close()
     for path, restored in ((tmp_path / "s", True), (tmp_path / "crashed", False)):
