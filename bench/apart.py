@@ -10,9 +10,9 @@ the figure is a floor for such a design, not a measure of one.
 
 Every thread runs at B's CPU priority under ``sla`` (nice 10), or with ``--idle`` under
 ``SCHED_IDLE`` (it runs only when nothing else wants the core); with ``--io-idle`` every
-read and write is in the kernel's idle I/O class; ``--rows-per-s`` paces the upserts. Protocol on stdin/stdout:
-prints ``ready`` once the index is open and warm, starts ingesting at ``go``, answers each
-``rows`` with the rows upserted so far, and exits at end of input.
+read and write is in the kernel's idle I/O class; ``--rows-per-s`` paces the upserts.
+Protocol on stdin/stdout: prints ``ready`` once the index is open and warm, starts ingesting
+at ``go``, answers each ``rows`` with the rows upserted so far, and exits at end of input.
 """
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ def idle_io() -> None:
     """Every read and write of this process in the kernel's idle I/O class: the process's
     own priority (threads inherit it) and the one the stores tag each class's requests with."""
     from vindex.storage import uring
+    if uring._SYS_IOPRIO_SET is None:
+        raise SystemExit(f"--io-idle: no ioprio_set system call known on {os.uname().machine}")
     idle = uring.ioprio(3, 7)  # IOPRIO_CLASS_IDLE
     uring._syscall(uring._SYS_IOPRIO_SET, uring._IOPRIO_WHO_PROCESS, 0, idle)
     for cls in list(uring.CLASS_IOPRIO):

@@ -130,7 +130,7 @@ def open_loop(index: vindex.Index, queries: np.ndarray, rate: float, seconds: fl
 
 
 class Ingest(threading.Thread):
-    """Tenant B: upserts new ids flat out until stopped."""
+    """Tenant B: upserts new ids until stopped, flat out or at ``rows_per_s``."""
 
     def __init__(self, index: vindex.Index, x: np.ndarray, first_id: int, batch: int, low_priority: bool,
                  rows_per_s: float | None = None):
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--disk-load", action="store_true",
                     help="also run A beside another process replaying B's disk traffic (no GIL shared)")
     ap.add_argument("--apart", action="store_true",
-                    help="also run A beside B's workload in a process of its own (nice 10, and SCHED_IDLE)")
+                    help="also run A beside B's workload in a process of its own (see --apart-modes)")
     ap.add_argument("--apart-modes", default="apart,apart_idle",
                     help=f"which of {', '.join(APART_MODES)} --apart runs")
     ap.add_argument("--apart-pace", type=float, default=0.7,

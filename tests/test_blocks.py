@@ -1019,7 +1019,7 @@ def test_kept_tails_stay_within_budget_and_never_serve_stale_bytes(tmp_path, mon
             load(s, new)
             want.update(new)
         vid += 1000
-        assert s._tail_bytes == sum(len(t[2]) for t in s._tails.values()) <= blocks.TAIL_CACHE_BYTES
+        assert s._tail_bytes == sum(len(t.data) for t in s._tails.values()) <= blocks.TAIL_CACHE_BYTES
         assert vids_of(s, list(range(12))) == [want[p] for p in range(12)], step
     assert s.stats()["tail_hits"] > 20 and len(reads) > 20
     s.close()

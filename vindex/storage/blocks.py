@@ -13,16 +13,16 @@ A posting's records lie back to back in its blocks (a record may straddle two bl
 last block is partly filled; see ``blockmap``). A commit never overwrites a block the map
 points at: an append rewrites the partly filled tail block into a new block followed by new
 blocks, a replace writes new blocks. The bytes of each tail block a commit wrote stay in memory
-(``TAIL_CACHE_BYTES`` in all), so the next append to that posting need not read it back. Each append leaves the posting's full blocks where they
-were, so a posting appended to many times ends up in as many places, and a search pays one
-I/O per place: an append that would leave a posting in more than ``MAX_RUNS`` runs of
-consecutive blocks rewrites it whole into one run instead. Data blocks are written (pwrite,
-O_DIRECT) before the log record that points at them; the log record (the map delta, the
-caller's log bytes, a gapless record number ``lsn``, how many records up to it are not known
-synced, and a CRC32) is a buffered write, so it survives a process crash once ``commit``
-returns; ``sync`` fdatasyncs the data file and fsyncs the log for power loss. A commit syncs
-on its own once ``SYNC_EVERY_BLOCKS`` blocks were written unsynced; ``close`` syncs and
-appends an empty record saying so.
+(``TAIL_CACHE_BYTES`` in all), so the next append to that posting need not read it back. Each
+append leaves the posting's full blocks where they were, so a posting appended to many times
+ends up in as many places, and a search pays one I/O per place: an append that would leave a
+posting in more than ``MAX_RUNS`` runs of consecutive blocks rewrites it whole into one run
+instead. Data blocks are written (pwrite, O_DIRECT) before the log record that points at them;
+the log record (the map delta, the caller's log bytes, a gapless record number ``lsn``, how
+many records up to it are not known synced, and a CRC32) is a buffered write, so it survives a
+process crash once ``commit`` returns; ``sync`` fdatasyncs the data file and fsyncs the log for
+power loss. A commit syncs on its own once ``SYNC_EVERY_BLOCKS`` blocks were written unsynced;
+``close`` syncs and appends an empty record saying so.
 
 Opening loads the newest snapshot and replays the log. A damaged record at the very end of
 the log is a commit that was never acknowledged: it is cut off. A damaged record that intact
@@ -76,7 +76,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -185,6 +185,15 @@ class ReadJob:
                     raise OSError(errno.EIO, f"short read: {got} of {n} bytes at offset {off}")
 
 
+class _Tail(NamedTuple):
+    """The bytes of a posting's partly filled last block, kept by the commit that wrote it;
+    used only while the map still names that block with that checksum."""
+
+    block: int
+    checksum: int
+    data: bytes
+
+
 @dataclass
 class _Rewrite:
     """A posting a commit changes: full blocks it keeps (and their checksums), then new bytes
@@ -255,7 +264,7 @@ class BlockStore:
         self._buffers = _ThreadBuffers()
         self._wbuf = _Aligned(1 << 20)   # commit data (write lock)
         self._tbuf = _Aligned(1 << 16)   # old blocks an append rewrites (write lock)
-        self._tails: OrderedDict[int, tuple[int, int, bytes]] = OrderedDict()  # pid -> (block, checksum, bytes)
+        self._tails: OrderedDict[int, _Tail] = OrderedDict()  # (write lock)
         self._tail_bytes = self.tail_hits = 0
         self._stats_lock = threading.Lock()
         self.reads = self.read_bytes = 0
@@ -604,9 +613,9 @@ class BlockStore:
             # that wrote it left them there, the rest is read back
             released.append(blocks[keep:])
             cached = self._tails.get(pid) if tail else None
-            if cached is not None and cached[0] == int(blocks[-1]) and cached[1] == int(sums[-1]):
+            if cached is not None and (cached.block, cached.checksum) == (int(blocks[-1]), int(sums[-1])):
                 self.tail_hits += 1
-                work[pid] = _Rewrite(blocks[:keep], r + n, [cached[2], data], kept_sums=sums[:keep],
+                work[pid] = _Rewrite(blocks[:keep], r + n, [cached.data, data], kept_sums=sums[:keep],
                                      reread=blocks[keep:-1], reread_bytes=(blocks.shape[0] - 1 - keep) * BLOCK,
                                      reread_sums=sums[keep:-1])
             else:
@@ -724,12 +733,12 @@ class BlockStore:
         for (pid, e), tail in zip(written, tails):
             old = self._tails.pop(pid, None)
             if old is not None:
-                self._tail_bytes -= len(old[2])
+                self._tail_bytes -= len(old.data)
             if e is not None and tail:
-                self._tails[pid] = (int(e.blocks[-1]), int(e.sums[-1]), tail)
+                self._tails[pid] = _Tail(int(e.blocks[-1]), int(e.sums[-1]), tail)
                 self._tail_bytes += len(tail)
         while self._tail_bytes > TAIL_CACHE_BYTES:
-            self._tail_bytes -= len(self._tails.popitem(last=False)[1][2])
+            self._tail_bytes -= len(self._tails.popitem(last=False)[1].data)
 
     def _write_buffer(self, size: int) -> _Aligned:
         if self._wbuf.size < size:
