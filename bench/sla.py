@@ -53,9 +53,12 @@ from . import datasets, measure, report, synthetic
 
 MODES = ("alone", "fifo", "sla")
 #: The burner: a CPU-bound process (NumPy's BLAS on every core).
-BURNER = ("import numpy as np\n"
+#: Its argument is the pid of the process that starts it; it ends with that process, even one
+#: killed without cleaning up.
+BURNER = ("import os, sys\nimport numpy as np\n"
+          "parent = int(sys.argv[1])\n"
           "a = np.random.default_rng(0).standard_normal((400, 400))\n"
-          "while True:\n    a = np.tanh(a @ a)\n")
+          "while os.getppid() == parent:\n    a = np.tanh(a @ a)\n")
 #: Caches off: RocksDB's block cache at the store's floor (1 MiB), no postings kept in memory.
 COLD_CACHE = 0
 
@@ -165,7 +168,8 @@ def one_run(base_dir: str, work: str, mode: str, queries: np.ndarray, extra: np.
     neighbour = None  # the other process beside A: the burner or the disk load
     if mode == "burner":  # before the index opens: no fork while RocksDB is open
         threads = str(os.cpu_count() or 1)
-        neighbour = subprocess.Popen(["nice", "-n", str(args.burner_nice), sys.executable, "-c", BURNER],
+        neighbour = subprocess.Popen(["nice", "-n", str(args.burner_nice), sys.executable, "-c", BURNER,
+                                      str(os.getpid())],
                                   env=dict(os.environ, OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads))
         time.sleep(args.warmup)
     elif mode == "disk":

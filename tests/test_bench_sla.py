@@ -143,3 +143,28 @@ def test_paced_ingest_waits_for_each_batch_s_turn():
     ingest.join(10)
     assert ingest.rows == 50 and len(calls) == 5
     assert calls[-1] - calls[0] >= 0.9 * 4 * 10 / 200
+
+
+def test_the_burner_ends_with_the_process_that_started_it():
+    """bench.sla's burner outlived a bench.sla killed mid-run and kept both cores busy; it now
+    ends once its parent is gone."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c", "import os, subprocess, sys\n"
+         "p = subprocess.Popen([sys.executable, '-c', sys.argv[1], str(os.getpid())])\nprint(p.pid, flush=True)",
+         sla.BURNER],
+        stdout=subprocess.PIPE, text=True)
+    pid = int(starter.stdout.readline())
+    starter.stdout.close()
+    assert starter.wait(timeout=30) == 0
+
+    def running() -> bool:  # a zombie waiting for its new parent to reap it has ended
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running()
