@@ -612,16 +612,21 @@ class BlockStore:
             # new records, to new blocks; the tail's bytes come from memory when the commit
             # that wrote it left them there, the rest is read back
             released.append(blocks[keep:])
-            cached = self._tails.get(pid) if tail else None
-            if cached is not None and (cached.block, cached.checksum) == (int(blocks[-1]), int(sums[-1])):
-                self.tail_hits += 1
-                work[pid] = _Rewrite(blocks[:keep], r + n, [cached.data, data], kept_sums=sums[:keep],
-                                     reread=blocks[keep:-1], reread_bytes=(blocks.shape[0] - 1 - keep) * BLOCK,
-                                     reread_sums=sums[keep:-1])
-            else:
-                work[pid] = _Rewrite(blocks[:keep], r + n, [data], kept_sums=sums[:keep], reread=blocks[keep:],
-                                     reread_bytes=r * rs - keep * BLOCK, reread_sums=sums[keep:])
+            kept_tail = self._kept_tail(pid, blocks, sums) if tail else b""
+            end = blocks.shape[0] - (1 if kept_tail else 0)
+            work[pid] = _Rewrite(blocks[:keep], r + n, [kept_tail, data] if kept_tail else [data],
+                                 kept_sums=sums[:keep], reread=blocks[keep:end],
+                                 reread_bytes=r * rs - keep * BLOCK - len(kept_tail), reread_sums=sums[keep:end])
         return work, (np.concatenate(released) if released else EMPTY)
+
+    def _kept_tail(self, pid: int, blocks: np.ndarray, sums: np.ndarray) -> bytes:
+        """The bytes of the posting's partly filled last block as the commit that wrote it
+        kept them, or b"" if none are kept or the map no longer names that block."""
+        t = self._tails.get(pid)
+        if t is None or (t.block, t.checksum) != (int(blocks[-1]), int(sums[-1])):
+            return b""
+        self.tail_hits += 1
+        return t.data
 
     def _kept_runs(self, pid: int, blocks: np.ndarray, keep: int) -> int:
         """Runs of consecutive blocks in ``blocks[:keep]`` (a posting's blocks an append keeps),
