@@ -1023,3 +1023,47 @@ def test_kept_tails_stay_within_budget_and_never_serve_stale_bytes(tmp_path, mon
         assert vids_of(s, list(range(12))) == [want[p] for p in range(12)], step
     assert s.stats()["tail_hits"] > 20 and len(reads) > 20
     s.close()
+
+
+def test_commits_write_in_pieces_issued_after_the_searches_reads(tmp_path, engine, monkeypatch):
+    """A commit's data goes to the disk in pieces of at most WRITE_PIECE, and none is issued
+    while an interactive read is running (IOScheduler.yield_to_interactive)."""
+    from vindex import iosched
+
+    monkeypatch.setattr(blocks, "WRITE_PIECE", 2 * BLOCK)
+    monkeypatch.setattr(iosched, "YIELD_MAX_S", 30.0)
+    s = open_store(tmp_path / "s", engine=engine)
+    load(s, {0: [1]})
+    sizes: list[int] = []
+    real = blocks._pwrite
+
+    def counting(fd, data, offset):
+        if fd == s._fd:
+            sizes.append(len(data))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(blocks, "_pwrite", counting)
+    release, started = threading.Event(), threading.Event()
+    # an interactive request that holds its slot until released (the parent's run: io_uring's
+    # would take it for a read job)
+    reader = threading.Thread(target=iosched.IOScheduler.run,
+                              args=(s.scheduler, IOClass.INTERACTIVE, lambda: (started.set(), release.wait(30))))
+    reader.start()
+    try:
+        assert started.wait(30)
+        n = 5 * BLOCK // RS
+        committer = threading.Thread(target=s.commit, args=(Change(replaces={0: recs(range(n))}), IOClass.UPDATE))
+        committer.start()
+        deadline = time.monotonic() + 30
+        while not s.scheduler.stats()["yields"]:
+            assert time.monotonic() < deadline, "the commit never yielded"
+            time.sleep(0.001)
+        assert sizes == [] and committer.is_alive()  # nothing written while the read runs
+    finally:
+        release.set()
+        reader.join(30)
+    committer.join(30)
+    assert not committer.is_alive()
+    assert sum(sizes) >= 5 * BLOCK and max(sizes) <= 2 * BLOCK
+    assert vids_of(s, [0]) == [list(range(n))]
+    s.close()

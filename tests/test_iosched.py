@@ -12,6 +12,7 @@ import pytest
 
 from vindex.iosched import (Aimd, DeadlineExpired, IOScheduler, Queues, Request, ResourceExhaustedError,
                             TokenBucket, percentile)
+from vindex import iosched
 from vindex.storage import IOClass
 
 I, U, B = IOClass.INTERACTIVE, IOClass.UPDATE, IOClass.BACKGROUND
@@ -467,3 +468,62 @@ def test_a_pause_repriced_in_slices_ends_soon_after_searches_stop():
         slept += step
         pause = p.charge(0.0)
     assert slept < 5 and p.duty == 1.0
+
+
+def _until(cond, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+def test_update_and_background_requests_wait_for_the_searches_reads_in_flight(monkeypatch):
+    """Under sla a request of another class is issued only once the interactive requests
+    running when it arrived have ended (the disk serves in order: issued first, it would
+    delay them), whether it runs on its caller's thread or on a worker."""
+    monkeypatch.setattr(iosched, "YIELD_MAX_S", 30.0)
+    s = IOScheduler("sla", workers={I: 1, U: 1, B: 1})
+    release, started, order = threading.Event(), threading.Event(), []
+
+    def search():
+        started.set()
+        release.wait(30)
+        order.append("search")
+
+    try:
+        reader = threading.Thread(target=s.run, args=(I, search))
+        reader.start()
+        assert started.wait(30)
+        writer = threading.Thread(target=s.run, args=(U, lambda: order.append("update")))
+        writer.start()
+        _until(lambda: s.stats()["yields"] == 1, "the update to yield")
+        bg = s.submit(B, lambda: order.append("background"))
+        _until(lambda: s.stats()["yields"] == 2, "the background request to yield")
+        assert order == [] and writer.is_alive() and not bg.done()
+        release.set()
+        reader.join(30)
+        writer.join(30)
+        bg.result(timeout=30)
+        assert order[0] == "search" and sorted(order[1:]) == ["background", "update"]
+        assert s.submit(I, lambda: "next").result(timeout=30) == "next"  # searches never yield
+        assert s.stats()["yields"] == 2
+    finally:
+        release.set()
+        s.close()
+
+
+@pytest.mark.parametrize("mode", ["sla", "fifo"])
+def test_yielding_to_searches_is_bounded_and_only_under_sla(monkeypatch, mode):
+    monkeypatch.setattr(iosched, "YIELD_MAX_S", 0.01)
+    s = IOScheduler(mode, workers={I: 1, U: 1, B: 1})
+    release, started = threading.Event(), threading.Event()
+    try:
+        reader = threading.Thread(target=s.run, args=(I, lambda: (started.set(), release.wait(30))))
+        reader.start()
+        assert started.wait(30)
+        assert s.run(U, lambda: "update") == "update"  # returns while the search still runs
+        assert reader.is_alive()
+        assert s.stats()["yields"] == (1 if mode == "sla" else 0)
+    finally:
+        release.set()
+        s.close()

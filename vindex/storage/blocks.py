@@ -97,6 +97,7 @@ log = logging.getLogger("vindex.storage.blocks")
 GROW_MIN_BLOCKS = 1024    # grow the data file by at least 4 MiB (and 1/8 of its size)
 WRITE_CHUNK = 16 << 20    # bulk_load writes through a buffer of this size
 SYNC_TO_REUSE = 1024      # blocks waiting only for an fsync that make a commit sync, not grow
+WRITE_PIECE = 256 * 1024  # bytes per pwrite: a search's reads wait behind one piece, not a whole commit
 HELD_MAX_BLOCKS = 256     # reads of at most this many blocks check and move them keeping the GIL (native.held)
 PAUSE_MIN_POSTINGS = 64   # commits writing more postings pause for running searches in between
 #: The most runs of consecutive blocks an append leaves a posting in; past it, the append
@@ -757,8 +758,10 @@ class BlockStore:
             for s, n in zip(starts.tolist(), lens.tolist()):
                 pos, off, size = s * BLOCK, int(b[s]) * BLOCK, n * BLOCK
                 done = 0
-                while done < size:
-                    done += _pwrite(self._fd, buf.mv[pos + done:pos + size], off + done)
+                while done < size:  # in pieces, each after the searches' reads in flight
+                    self._sched.yield_to_interactive()
+                    end = pos + min(size, done + WRITE_PIECE)
+                    done += _pwrite(self._fd, buf.mv[pos + done:end], off + done)
                 if not self.direct:
                     os.posix_fadvise(self._fd, off, size, os.POSIX_FADV_DONTNEED)
         except OSError as exc:
@@ -925,6 +928,7 @@ class BlockStore:
             lsn = self._lsn  # records up to here are in the log already
             written, self._unsynced_blocks = self._unsynced_blocks, 0
             try:
+                self._sched.yield_to_interactive()  # a flush holds up the reads queued behind it
                 if written:
                     os.fdatasync(self._fd)  # O_DIRECT data may sit in the disk's write cache
                 os.fsync(self._log_fd)

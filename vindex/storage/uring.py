@@ -455,6 +455,8 @@ class RingScheduler(IOScheduler):
                 job.next += 1
                 if job.next == len(job.runs):
                     queued.pop(0)
+            if io not in (None, IOClass.INTERACTIVE) and ring.pending():
+                self.yield_to_interactive()
             try:
                 ring.submit()
             except OSError as exc:  # the ring is unusable: fail what it holds, refuse the rest
