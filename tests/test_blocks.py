@@ -741,7 +741,7 @@ def test_expired_interactive_read_is_dropped(tmp_path, engine):
         vids_of(s, [0], deadline=time.monotonic() - 1)
     assert vids_of(s, [0], deadline=time.monotonic() + 60) == [[1, 2]]
     st = s.stats()
-    assert st["engine"] == engine and st["queues"]["dropped"]["interactive"] == 1
+    assert st["engine"] == engine and st["io"]["dropped"]["interactive"] == 1
     s.close()
 
 
@@ -824,7 +824,7 @@ def test_fifo_shares_one_queue(tmp_path, engine):
     s = open_store(tmp_path / "s", engine=engine, io_scheduler="fifo")
     load(s, {0: [1, 2]})
     assert vids_of(s, [0], IOClass.BACKGROUND) == [[1, 2]]
-    assert s.stats()["queues"]["mode"] == "fifo"
+    assert s.stats()["io"]["mode"] == "fifo"
     s.close()
     if engine == "preadv":  # busy shared workers hold up every class
         s = open_store(tmp_path / "s", engine=engine, io_scheduler="fifo", create=False)

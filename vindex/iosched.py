@@ -380,8 +380,8 @@ class IOScheduler:
         The disk (here one queue, served in order) would put a search's reads behind whatever
         was issued before them; held back this way they go first, while a request that is
         already on the disk still delays them. Nothing under ``fifo``."""
-        if self.mode != "sla":
-            return
+        if self.mode != "sla" or not self._busy[IOClass.INTERACTIVE]:
+            return  # (read without the lock: most calls find no search running, and a miss costs little)
         with self._cv:
             if self._busy[IOClass.INTERACTIVE]:
                 self.yields += 1

@@ -959,7 +959,7 @@ class BlockStore:
             "blocks_held": m.limbo_blocks, "log_bytes": self._log_end, "seq": self._seq,
             "reads": reads, "read_bytes": read_bytes, "reads_by_class": by_class,
             "tails_kept": len(self._tails), "tail_hits": self.tail_hits,
-            "queues": self._sched.stats(),
+            "io": self._sched.stats(),  # the scheduler's counters, under the same key as RocksStore's
         }
 
     def _check_open(self) -> None:
