@@ -40,9 +40,10 @@ from .storage.base import IOClass
 LOW_PRIORITY_NICE = 10
 
 #: Longest a disk request of the ``update`` or ``background`` class waits to be issued while
-#: interactive reads are in flight. It bounds what B loses to searches (one wait per request,
-#: a write piece or a batch of reads); 2 ms covers a one-query search's read on this VM's disk
-#: (0.6 ms median, 1.2 ms p99 alone).
+#: interactive reads are in flight. It bounds what writes and rebalancing lose to searches: one
+#: wait per request (a write piece, a batch of reads, a sync), even beside searches reading
+#: back to back. 2 ms covers a one-query search's read on this VM's disk (0.6 ms median, 1.2
+#: ms p99 alone); 5 ms bought nothing more (docs/sla.md, 2026-12-05).
 YIELD_MAX_S = 0.002
 
 
