@@ -1,4 +1,5 @@
-"""Shared fixtures: bundled data sets, brute-force oracles, compiled kernels, threads run for a while."""
+"""Shared fixtures: bundled data sets, brute-force oracles, compiled kernels, threads run for a while,
+waiting for another thread to get somewhere."""
 from __future__ import annotations
 
 import os
@@ -66,3 +67,12 @@ def run_for(threads: list[threading.Thread], seconds: float, stop: threading.Eve
     stop.set()
     for t in threads:
         t.join()
+
+
+def wait_until(cond, what: str = "the condition", timeout: float = 10.0) -> None:
+    """Synchronise with another thread (not an assertion on timing): poll ``cond`` until it
+    holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)

@@ -17,6 +17,7 @@ import zlib
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from vindex.errors import CorruptionError, IndexLockedError, StorageError
 from vindex.iosched import DeadlineExpired
@@ -82,15 +83,6 @@ def block_workers(store, pool):
                 for _ in range(store._sched._slots[pool])]
     wait_until(lambda: all(b.running() for b in blockers))
     return gate
-
-
-def wait_until(cond, timeout=10.0) -> None:
-    """Synchronise with another thread (not an assertion on timing)."""
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.001)
 
 
 # --- congruence with MemoryStore -----------------------------------------------------------------
@@ -1054,10 +1046,7 @@ def test_commits_write_in_pieces_issued_after_the_searches_reads(tmp_path, engin
         n = 5 * BLOCK // RS
         committer = threading.Thread(target=s.commit, args=(Change(replaces={0: recs(range(n))}), IOClass.UPDATE))
         committer.start()
-        deadline = time.monotonic() + 30
-        while not s.scheduler.stats()["yields"]:
-            assert time.monotonic() < deadline, "the commit never yielded"
-            time.sleep(0.001)
+        wait_until(lambda: s.scheduler.stats()["yields"], "the commit to yield", timeout=30)
         assert sizes == [] and committer.is_alive()  # nothing written while the read runs
     finally:
         release.set()

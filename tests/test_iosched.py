@@ -9,20 +9,14 @@ import time
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
+from vindex import iosched
 from vindex.iosched import (Aimd, DeadlineExpired, IOScheduler, Queues, Request, ResourceExhaustedError,
                             TokenBucket, percentile)
-from vindex import iosched
 from vindex.storage import IOClass
 
 I, U, B = IOClass.INTERACTIVE, IOClass.UPDATE, IOClass.BACKGROUND
-
-
-def _wait(cond, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "condition not reached"
-        time.sleep(0.001)
 
 
 def _req(io, deadline=float("inf"), seq=0, tenant="t", cost=1.0):
@@ -345,13 +339,13 @@ def test_a_search_whose_reads_miss_its_timeout_is_partial(tmp_path):
         sched = idx._engine.store._io
         release = threading.Event()
         blockers = [sched.submit(I, lambda: release.wait(30)) for _ in range(2)]
-        _wait(lambda: sched._busy[I] == 2)
+        wait_until(lambda: sched._busy[I] == 2, "both searches to run", timeout=30)
         out = {}
         t = threading.Thread(target=lambda: out.update(res=idx.search(x[0], 5, timeout=0.01)))
         t.start()
-        _wait(lambda: sched.queues.depth(I) == 1)  # the search's read is queued
+        wait_until(lambda: sched.queues.depth(I) == 1, "the search's read to queue", timeout=30)
         deadline_passed = time.monotonic() + 0.02
-        _wait(lambda: time.monotonic() > deadline_passed)
+        wait_until(lambda: time.monotonic() > deadline_passed, "the deadline to pass", timeout=30)
         release.set()
         t.join(30)
         for b in blockers:
@@ -470,13 +464,6 @@ def test_a_pause_repriced_in_slices_ends_soon_after_searches_stop():
     assert slept < 5 and p.duty == 1.0
 
 
-def _until(cond, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
-
-
 def test_update_and_background_requests_wait_for_the_searches_reads_in_flight(monkeypatch):
     """Under sla a request of another class is issued only once the interactive requests
     running when it arrived have ended (the disk serves in order: issued first, it would
@@ -496,9 +483,9 @@ def test_update_and_background_requests_wait_for_the_searches_reads_in_flight(mo
         assert started.wait(30)
         writer = threading.Thread(target=s.run, args=(U, lambda: order.append("update")))
         writer.start()
-        _until(lambda: s.stats()["yields"] == 1, "the update to yield")
+        wait_until(lambda: s.stats()["yields"] == 1, "the update to yield", timeout=30)
         bg = s.submit(B, lambda: order.append("background"))
-        _until(lambda: s.stats()["yields"] == 2, "the background request to yield")
+        wait_until(lambda: s.stats()["yields"] == 2, "the background request to yield", timeout=30)
         assert order == [] and writer.is_alive() and not bg.done()
         release.set()
         reader.join(30)

@@ -33,7 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import vindex
-from conftest import brute_force
+from conftest import brute_force, wait_until
 from service import cli
 from service import vindex_pb2 as pb
 from service import vindex_pb2_grpc as pb_grpc
@@ -816,13 +816,6 @@ class Gate:
         return blocked
 
 
-def _wait_for(predicate, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_health_before_and_after_ready(tmp_path):
     with vindex.Index.create(tmp_path / "data" / "collections" / "pre", dim=4) as idx:
         idx.upsert([1], np.ones((1, 4)))
@@ -868,7 +861,7 @@ def test_drain_on_stop(tmp_path):
                 pb.SearchRequest(collection="drained", queries=f32(np.eye(4)[:1]), dim=4, k=2), timeout=60)
             assert gate.entered.wait(30)
             stopping = srv.begin_stop()
-            _wait_for(lambda: health(channel) == NOT_SERVING, "NOT_SERVING while draining")
+            wait_until(lambda: health(channel) == NOT_SERVING, "NOT_SERVING while draining", timeout=30)
             assert health(channel, SERVICE) == NOT_SERVING
             with pytest.raises(ServiceError) as ei:
                 c.list_collections()
@@ -897,7 +890,7 @@ def test_stop_while_starting(tmp_path):
         assert gate.entered.wait(60)
         stopping = srv.begin_stop()
         channel = grpc.insecure_channel(srv.target)
-        _wait_for(lambda: srv.server.servicer.stopping, "stop() to begin")
+        wait_until(lambda: srv.server.servicer.stopping, "stop() to begin", timeout=30)
         assert health(channel) == NOT_SERVING
         channel.close()
         gate.opened.set()
@@ -937,7 +930,7 @@ def test_drop_waits_for_running_calls(tmp_path):
                 assert e.code() == grpc.StatusCode.NOT_FOUND
                 return True
 
-        _wait_for(refused, "the drop to refuse new calls")
+        wait_until(refused, "the drop to refuse new calls", timeout=30)
         assert not dropping.done() and not running.done()
         assert os.path.isdir(index.path)
         gate.opened.set()
@@ -973,8 +966,8 @@ def test_concurrent_creates(tmp_path, monkeypatch):
         others = [threading.Thread(target=create, args=(label, label == "exist_ok")) for label in ("exist_ok", "plain")]
         for t in others:
             t.start()
-        _wait_for(lambda: srv.server.servicer.active == 3 or not any(t.is_alive() for t in others),
-                  "three creates running")
+        wait_until(lambda: srv.server.servicer.active == 3 or not any(t.is_alive() for t in others),
+                   "three creates running", timeout=30)
         gate.opened.set()
         for t in [first, *others]:
             t.join(60)
@@ -1153,7 +1146,7 @@ def test_concurrent_small_searches_are_coalesced(tmp_path):
         futures = [stub.Search.future(pb.SearchRequest(collection="co", queries=f32(q), dim=8, k=5), timeout=60)
                    for q in queries]
         assert gate.entered.wait(30)
-        _wait_for(lambda: len(arrived) == len(queries), "every search to reach the batcher")
+        wait_until(lambda: len(arrived) == len(queries), "every search to reach the batcher", timeout=30)
         gate.opened.set()
         got = [f.result(30) for f in futures]
         for i, r in enumerate(got):

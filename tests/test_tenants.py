@@ -32,7 +32,8 @@ from service.server import ServerConfig
 from service.tls import server_credentials
 from service.status import ERROR_KEY, QuotaExceededError, ServiceError
 from service.tenants import RPC_CLASS, TenantConfigError, Tenants, load_tenants, parse_tenants
-from test_service import SERVICE, Gate, InProcessServer, _wait_for, f32, health
+from conftest import wait_until
+from test_service import SERVICE, Gate, InProcessServer, f32, health
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -244,7 +245,8 @@ def test_max_in_flight(server, stub):
         stub.ListCollections(pb.ListCollectionsRequest(), timeout=30, metadata=md("app-key-1"))  # others go on
         gate.opened.set()
         assert list(running.result(30).ids) == [1, 2]
-        _wait_for(lambda: server.server.tenants.states["single"].in_flight == 0, "the call to be counted out")
+        wait_until(lambda: server.server.tenants.states["single"].in_flight == 0, "the call to be counted out",
+                   timeout=30)
         stub.ListCollections(pb.ListCollectionsRequest(), timeout=30, metadata=md("single-key"))
     finally:
         gate.opened.set()
