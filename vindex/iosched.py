@@ -352,8 +352,6 @@ class IOScheduler:
         once: a hand-off to a worker thread would add a thread switch (tens of microseconds
         with the GIL) and change nothing about the order. Otherwise it queues like ``submit``."""
         key = io if self.mode == "sla" else None
-        if io != IOClass.INTERACTIVE:
-            self.yield_to_interactive()
         with self._cv:
             now = self.clock()
             queued = self.queues.depth(io) if key is not None else self.queues.queued()
@@ -370,6 +368,8 @@ class IOScheduler:
         if not free:
             return self.submit(io, fn, tenant=tenant, deadline=deadline, cost=cost).result()
         try:
+            if io != IOClass.INTERACTIVE:  # as a worker does, holding the slot
+                self.yield_to_interactive()
             return fn()
         finally:
             self._finished(io, key, now)
@@ -430,7 +430,7 @@ class IOScheduler:
             if not req.future.set_running_or_notify_cancel():
                 self._finished(req.io, io, req.submitted)
                 continue
-            if io is not None and io != IOClass.INTERACTIVE:
+            if io != IOClass.INTERACTIVE:
                 self.yield_to_interactive()
             try:
                 req.future.set_result(req.fn())

@@ -704,8 +704,8 @@ class BlockStore:
         self._capacity = new
 
     def _write(self, work: list[_Rewrite], chosen: list[np.ndarray]) -> tuple[list[np.ndarray], list[bytes]]:
-        """Write the new bytes of each posting to its chosen blocks (O_DIRECT, one pwrite per
-        run of consecutive blocks); returns each posting's checksums of those blocks, and the
+        """Write the new bytes of each posting to its chosen blocks (O_DIRECT, pwrites of at most
+        ``WRITE_PIECE`` per run of consecutive blocks); returns each posting's checksums of those blocks, and the
         bytes of its partly filled last block (empty if that block is full)."""
         total = sum(c.shape[0] for c in chosen)
         if total == 0:

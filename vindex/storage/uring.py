@@ -455,7 +455,7 @@ class RingScheduler(IOScheduler):
                 job.next += 1
                 if job.next == len(job.runs):
                     queued.pop(0)
-            if io not in (None, IOClass.INTERACTIVE) and ring.pending():
+            if io != IOClass.INTERACTIVE and ring.pending():
                 self.yield_to_interactive()
             try:
                 ring.submit()
