@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from bench import sla
 
@@ -164,7 +165,4 @@ def test_the_burner_ends_with_the_process_that_started_it():
         except FileNotFoundError:
             return False
 
-    deadline = time.monotonic() + 30
-    while running() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not running()
+    wait_until(lambda: not running(), "the burner to end", timeout=30)
