@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from service import sample
+from vindex.service import sample
 from vindex import vecfiles
+
+from bench.exact import METRICS, _f32, ground_truth, recall_at_k
 
 __all__ = [
     "DATA_DIR",
@@ -38,7 +38,6 @@ __all__ = [
     "recall_at_k",
 ]
 
-METRICS = ("l2", "cosine", "ip")
 
 # bench/ lives at <repo>/bench, so the shipped data is one level up.
 DATA_DIR = Path(sample.data_dir())
@@ -115,10 +114,6 @@ def _metric_from_npz(text: str) -> str:
     raise ValueError(f"unrecognised metric text {text!r}")
 
 
-def _f32(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32)
-
-
 def _npz_gt_dists(dists: np.ndarray, metric: str) -> np.ndarray:
     # The shipped files store similarities (descending) for cosine sets; convert to distances.
     dists = np.asarray(dists, dtype=np.float32)
@@ -138,7 +133,7 @@ def load(name: str) -> Dataset:
     key = name.strip().lower()
     m = _SYNTHETIC_RE.match(key)
     if m:
-        from bench import synthetic  # lazy: synthetic imports this module
+        from bench import synthetic  # lazy: only synthetic sets need it
 
         n = parse_count(m.group(1))
         d = int(m.group(2)) if m.group(2) else 128
@@ -236,80 +231,3 @@ def read_vectors(path: str | os.PathLike, max_rows: int | None = None) -> np.nda
     """Read vectors from any supported file, choosing the reader by suffix (see
     :mod:`vindex.vecfiles`)."""
     return vecfiles.read_vectors(path, max_rows)
-
-
-# ---------------------------------------------------------------------------------------------
-# Exact search and recall.
-
-
-def _normalized(x: np.ndarray) -> np.ndarray:
-    x = np.array(x, dtype=np.float32, order="C", copy=True)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    np.divide(x, norms, out=x, where=norms > 0)  # zero vectors stay zero
-    return x
-
-
-def ground_truth(
-    base: np.ndarray,
-    queries: np.ndarray,
-    k: int,
-    metric: str,
-    block: int = 4096,
-    progress: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k by brute force with faiss: returns (ids int64, dists float32), ascending.
-
-    Distances: squared L2 for "l2", ``1 - cos`` for "cosine" (vectors normalised first),
-    ``-<q, x>`` for "ip". Queries are processed in blocks to bound result memory and to
-    report progress; faiss uses its current OpenMP thread count.
-    """
-    import faiss
-
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-    if metric == "cosine":
-        base, queries = _normalized(base), _normalized(queries)
-    else:
-        base, queries = _f32(base), _f32(queries)
-    d = base.shape[1]
-    index = faiss.IndexFlatL2(d) if metric == "l2" else faiss.IndexFlatIP(d)
-    index.add(base)
-    nq = queries.shape[0]
-    ids = np.empty((nq, k), dtype=np.int64)
-    dists = np.empty((nq, k), dtype=np.float32)
-    t0 = time.perf_counter()
-    for start in range(0, nq, block):
-        stop = min(nq, start + block)
-        dd, ii = index.search(queries[start:stop], k)
-        ids[start:stop], dists[start:stop] = ii, dd
-        if progress:
-            print(f"  ground truth {stop}/{nq} queries, {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-    if metric == "cosine":
-        dists = (1.0 - dists).astype(np.float32)
-    elif metric == "ip":
-        dists = -dists
-    return ids, dists
-
-
-def recall_at_k(found_ids: np.ndarray, gt_ids: np.ndarray, k: int = 10) -> float:
-    """Mean over queries of ``|found[:, :k] ∩ gt[:, :k]| / k``; -1 and repeated ids in found count once/never."""
-    found = np.asarray(found_ids)[:, :k].astype(np.int64)
-    gt = np.asarray(gt_ids)[:, :k].astype(np.int64)
-    if found.shape[0] != gt.shape[0]:
-        raise ValueError(f"found has {found.shape[0]} queries, gt has {gt.shape[0]}")
-    if gt.shape[1] < k:
-        raise ValueError(f"gt has only {gt.shape[1]} neighbours per query, need k={k}")
-    if found.shape[0] == 0:
-        return 0.0
-    # Drop duplicate ids within a row so a repeated hit is not counted twice.
-    found = np.sort(found, axis=1)
-    dup = np.zeros_like(found, dtype=bool)
-    dup[:, 1:] = found[:, 1:] == found[:, :-1]
-    found[dup] = -1
-    hits = 0
-    step = max(1, (1 << 22) // (k * k))  # bound the (rows, k, k) comparison tensor
-    for s in range(0, found.shape[0], step):
-        f, g = found[s : s + step], gt[s : s + step]
-        match = (f[:, :, None] == g[:, None, :]).any(axis=2) & (f >= 0)
-        hits += int(match.sum())
-    return hits / (found.shape[0] * k)

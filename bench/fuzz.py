@@ -92,7 +92,7 @@ class ServerProc:
 
     def start(self, timeout: float = 300.0) -> str:
         log = open(self.log_path, "a")
-        args = [sys.executable, "-m", "service.cli", "serve", "--data", self.data_dir, "--port", "0",
+        args = [sys.executable, "-m", "vindex.service.cli", "serve", "--data", self.data_dir, "--port", "0",
                 "--log-level", "warning"]
         for key, value in LIMITS.items():
             args += [f"--{key.replace('_', '-')}", str(value)]
@@ -138,7 +138,7 @@ class Gen:
     """Fuzzed requests from a seeded generator: ``(method, payload bytes or list of chunks, kind)``."""
 
     def __init__(self, seed: int):
-        from service import vindex_pb2 as pb
+        from vindex.service import vindex_pb2 as pb
 
         self.pb = pb
         self.rng = np.random.default_rng(seed)
@@ -157,7 +157,7 @@ class Gen:
         n = int(self.rng.integers(0, 12))
         cps = self.rng.integers(1, 0x3000, n)
         text = "".join(chr(c) for c in cps if not 0xD800 <= c <= 0xDFFF)
-        from service.collections import NAME_RE
+        from vindex.service.collections import NAME_RE
 
         return self.pick(SCRATCH) if NAME_RE.fullmatch(text) else text  # random valid names: only the scratch pool
 
@@ -434,7 +434,7 @@ class Run:
     def __init__(self, args: argparse.Namespace, root: str):
         import grpc
 
-        from service import vindex_pb2 as pb
+        from vindex.service import vindex_pb2 as pb
 
         self.grpc, self.pb, self.args = grpc, pb, args
         self.server = ServerProc(os.path.join(root, "data"), os.path.join(root, "server.log"))

@@ -25,7 +25,7 @@ import tempfile
 import faiss
 import numpy as np
 
-import native
+from vindex import native
 import vindex
 from vindex.storage import IOClass, records
 

@@ -39,7 +39,7 @@ COLLECTION = "bench"
 # --- the server ------------------------------------------------------------------------------------
 def start_server(data_dir: str, switch_interval_ms: float | None = None) -> tuple[subprocess.Popen, str]:
     extra = [] if switch_interval_ms is None else ["--switch-interval-ms", str(switch_interval_ms)]
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--data", data_dir, "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "vindex.service.cli", "serve", "--data", data_dir, "--port", "0",
                              "--log-level", "warning", *extra], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if " on " not in line:

@@ -121,7 +121,7 @@ class ServerProcess:
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--data", data_dir, "--port", "0",
+            [sys.executable, "-m", "vindex.service.cli", "serve", "--data", data_dir, "--port", "0",
              "--log-level", "warning"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self._log, text=True, env={**os.environ, **(env or {})})
         self.lines: "queue.Queue[str | None]" = queue.Queue()

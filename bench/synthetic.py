@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.exact import ground_truth
+
 __all__ = ["BLOCK", "GENERATOR_VERSION", "cache_dir", "load_cached", "make", "make_rows"]
 
 # Bump when the generator's output changes so stale caches are not reused.
@@ -216,7 +218,6 @@ def load_cached(
     Files live in ``cache_dir()/synthetic-v<version>-n<n>-d<d>-s<seed>-q<nq>/``. With
     ``mmap=True`` base is memory-mapped read-only instead of read into memory.
     """
-    from bench.datasets import ground_truth  # lazy: datasets imports this module lazily too
 
     folder = cache_dir() / f"synthetic-v{GENERATOR_VERSION}-n{n}-d{d}-s{seed}-q{n_queries}"
     folder.mkdir(parents=True, exist_ok=True)

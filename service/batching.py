@@ -17,7 +17,7 @@ from typing import Callable, Hashable
 
 import numpy as np
 
-from vindex.index import SearchResult
+from vindex.results import SearchResult
 
 #: Requests with at most this many queries are coalesced; larger ones are batches already.
 MAX_COALESCED_QUERIES = 16

@@ -25,7 +25,8 @@ import grpc
 import numpy as np
 
 from vindex import validation
-from vindex.index import SearchResult, _eps
+from vindex.results import SearchResult
+from vindex.validation import check_eps
 
 from . import vindex_pb2 as pb
 from . import vindex_pb2_grpc as pb_grpc
@@ -91,7 +92,7 @@ class Collection:
                                    max_postings, "max_postings", upper=4096),
                                ef=0 if ef is None else validation.positive_int(ef, "ef", upper=65536))
         if eps is not None:
-            req.eps = _eps(eps)
+            req.eps = check_eps(eps)
         res = self._stub_call("Search", req, timeout)
         ids = np.array(res.ids, dtype=np.int64).reshape(res.nq, res.k)
         dists = np.array(res.distances, dtype=np.float32).reshape(res.nq, res.k)

@@ -1,7 +1,7 @@
 """Regenerate the Python stubs from ``service/vindex.proto``.
 
-    python -m service.codegen            # rewrite service/vindex_pb2*.py
-    python -m service.codegen --check    # exit 1 if the committed stubs are out of date
+    python -m vindex.service.codegen            # rewrite service/vindex_pb2*.py
+    python -m vindex.service.codegen --check    # exit 1 if the committed stubs are out of date
 
 Needs ``grpcio-tools`` (the ``dev`` extra). The generated files are committed so that an
 install needs no code generation; the import in the ``_grpc`` stub is made package-relative.
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             if not os.path.exists(path) or open(path).read() != fresh:
                 stale.append(name)
     if stale:
-        print(f"stale generated stubs: {', '.join(stale)}; run python -m service.codegen", file=sys.stderr)
+        print(f"stale generated stubs: {', '.join(stale)}; run python -m vindex.service.codegen", file=sys.stderr)
         return 1
     return 0
 

@@ -1,7 +1,9 @@
-"""The sample collection ``vindex serve --sample NAME`` loads from the data sets bundled in
-``data/`` (see ``data/NOTICE.md`` for their sources and licences)."""
+"""The sample collection ``vindex serve --sample NAME`` loads from the data sets bundled as the
+package ``vindex.data`` (``data/`` in the repository; ``data/NOTICE.md`` gives their sources
+and licences)."""
 from __future__ import annotations
 
+import importlib.resources
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -21,9 +23,8 @@ SAMPLES = {
 
 
 def data_dir() -> str:
-    """The bundled data sets: ``$VINDEX_DATA_DIR`` or ``data/`` beside the package."""
-    return os.environ.get("VINDEX_DATA_DIR") or os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+    """The bundled data sets: ``$VINDEX_DATA_DIR``, else the installed package ``vindex.data``."""
+    return os.environ.get("VINDEX_DATA_DIR") or str(importlib.resources.files("vindex.data"))
 
 
 def load_npz(name: str) -> dict:

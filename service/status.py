@@ -9,7 +9,7 @@ from __future__ import annotations
 import grpc
 
 from vindex import errors
-from vindex.iosched import ResourceExhaustedError
+from vindex.errors import ResourceExhaustedError
 
 #: Trailing-metadata keys carrying the library exception.
 ERROR_KEY = "vindex-error"

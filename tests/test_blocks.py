@@ -20,7 +20,7 @@ import pytest
 from conftest import wait_until
 
 from vindex.errors import CorruptionError, IndexLockedError, StorageError
-from vindex.iosched import DeadlineExpired
+from vindex.errors import DeadlineExpired
 from vindex.storage import Change, IOClass, MemoryStore, blockmap, blocks
 from vindex.storage.blockmap import BLOCK, BlockMap, FormatError
 from vindex.storage.blocks import BlockStore
@@ -592,7 +592,7 @@ def test_index_over_a_damaged_block_raises_corruption(tmp_path):
 def test_checksum_cost_of_a_64_posting_read(tmp_path, engine, monkeypatch, capsys):
     """Measured, not asserted: a read of 64 postings of ~25 KB (7 blocks each, the default
     posting size) with and without the checksum check, and the kernel alone."""
-    from native import checksum
+    from vindex.native import checksum
 
     rs = 520  # a 128-dim float32 vector and its header
     s = open_store(tmp_path / "s", engine=engine, record_size=rs)

@@ -304,7 +304,7 @@ def test_verify_passes_on_a_churned_index_and_names_each_broken_invariant(index)
 
 
 def test_verify_cli(tmp_path, capsys):
-    from service.cli import main
+    from vindex.service.cli import main
 
     vindex.Index.build(tmp_path / "idx", _vectors(np.random.default_rng(12), 400)).close()
     assert main(["verify", str(tmp_path / "idx")]) == 0

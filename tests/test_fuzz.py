@@ -41,10 +41,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import vindex
-from service import vindex_pb2 as pb
-from service import vindex_pb2_grpc as pb_grpc
-from service.collections import NAME_RE
-from service.status import _KNOWN, ERROR_KEY
+from vindex.service import vindex_pb2 as pb
+from vindex.service import vindex_pb2_grpc as pb_grpc
+from vindex.service.collections import NAME_RE
+from vindex.service.status import _KNOWN, ERROR_KEY
 from test_service import ServerProcess, health, stopped_cleanly
 from vindex import errors, validation
 

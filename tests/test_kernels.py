@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from native import distances, graph, heap, idhash, kept, replicas, scan
+from vindex.native import distances, graph, heap, idhash, kept, replicas, scan
 
 
 def test_pairwise_matches_numpy():
@@ -290,7 +290,7 @@ def test_group_by_posting_inverts_query_lists():
 @settings(max_examples=50, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_copies_named_matches_isin_per_posting(seed):
-    from native import lire
+    from vindex.native import lire
     rng = np.random.default_rng(seed)
     sizes = rng.integers(0, 6, size=rng.integers(1, 6))
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
@@ -324,7 +324,7 @@ def _doubt_python(v, p, h, centers, nbrs, alive, eps, factor):
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_scrub_doubts_matches_its_rule(seed):
-    from native import lire
+    from vindex.native import lire
     rng = np.random.default_rng(seed)
     n_heads, dim = 30, 4
     centers = rng.standard_normal((n_heads, dim)).astype(np.float32)
@@ -415,7 +415,7 @@ def test_idhash_lookup_insert_rebuild():
 # --- block checksums (native.checksum) ---------------------------------------------------------------
 def _checksum_ref(block: np.ndarray) -> int:
     """The checksum formula of native/checksum.py's docstring, in numpy and Python ints."""
-    from native import checksum
+    from vindex.native import checksum
 
     w = block.view("<u8")
     j = np.arange(1, 513, dtype=np.uint64)
@@ -429,7 +429,7 @@ def _checksum_ref(block: np.ndarray) -> int:
 
 
 def _sums(buf: np.ndarray) -> np.ndarray:
-    from native import checksum
+    from vindex.native import checksum
 
     flat = np.ascontiguousarray(buf).reshape(-1)
     out = np.empty(flat.shape[0] // 4096, np.uint32)
@@ -447,7 +447,7 @@ def test_block_sums_match_the_formula():
 
 
 def test_block_checksum_detects_every_single_bit_flip():
-    from native import checksum
+    from vindex.native import checksum
 
     rng = np.random.default_rng(12)
     block = rng.standard_normal(1024).astype(np.float32).view(np.uint8).copy()
@@ -493,7 +493,7 @@ def test_block_checksum_detects_patterns_a_plain_multiply_sum_misses():
 
 
 def test_first_bad_finds_the_first_damaged_or_swapped_block():
-    from native import checksum
+    from vindex.native import checksum
 
     rng = np.random.default_rng(14)
     buf = rng.integers(0, 256, (6, 4096), dtype=np.uint8)
@@ -516,7 +516,7 @@ def test_first_bad_finds_the_first_damaged_or_swapped_block():
 
 @pytest.mark.parametrize("record_size", [520, 516])  # 64-bit moves, and 32-bit ones
 def test_layout_compact_matches_memmove(record_size):
-    from native import layout
+    from vindex.native import layout
 
     rng = np.random.default_rng(record_size)
     recs = rng.integers(0, 60, 12)
@@ -673,7 +673,7 @@ import native, vindex
 def signatures():
     out = {}
     for name in native._SUBMODULES:
-        mod = importlib.import_module("native." + name)
+        mod = importlib.import_module("vindex.native." + name)
         for attr, obj in vars(mod).items():
             if hasattr(obj, "signatures") and getattr(obj, "__module__", "") == mod.__name__:
                 out[name + "." + attr] = len(obj.signatures)

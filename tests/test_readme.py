@@ -23,7 +23,7 @@ def _blocks() -> list[str]:
 @pytest.fixture(scope="module")
 def wiki_server(tmp_path_factory):
     data = tmp_path_factory.mktemp("readme") / "vindex-data"
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--data", str(data), "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "vindex.service.cli", "serve", "--data", str(data), "--port", "0",
                              "--sample", "wiki", "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE,
                             text=True)
     try:

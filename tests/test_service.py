@@ -34,12 +34,12 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import vindex
 from conftest import brute_force, wait_until
-from service import cli
-from service import vindex_pb2 as pb
-from service import vindex_pb2_grpc as pb_grpc
-from service.ingest import progress_path
-from service.server import Limits, Server, ServerConfig
-from service.status import (ERROR_KEY, IDS_KEY, CollectionExistsError, CollectionNotFoundError,
+from vindex.service import cli
+from vindex.service import vindex_pb2 as pb
+from vindex.service import vindex_pb2_grpc as pb_grpc
+from vindex.service.ingest import progress_path
+from vindex.service.server import Limits, Server, ServerConfig
+from vindex.service.status import (ERROR_KEY, IDS_KEY, CollectionExistsError, CollectionNotFoundError,
                             RequestTooLargeError, ServiceError)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,7 +75,7 @@ class ServerProcess:
                                         f"{os.path.basename(self.data_dir)}-{time.monotonic_ns()}.log")
         self._stderr = open(self.stderr_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--data", self.data_dir, "--port", "0",
+            [sys.executable, "-m", "vindex.service.cli", "serve", "--data", self.data_dir, "--port", "0",
              "--workers", "4", *extra],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
         self.lines: list[str] = []
@@ -231,7 +231,7 @@ def test_ready_line_means_serving_and_reflection(server, channel):
 
 
 def test_codegen_stubs_up_to_date():
-    res = subprocess.run([sys.executable, "-m", "service.codegen", "--check"], cwd=ROOT,
+    res = subprocess.run([sys.executable, "-m", "vindex.service.codegen", "--check"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
 
@@ -790,7 +790,7 @@ def test_restart_keeps_data(tmp_path):
             truth, _ = brute_force(got[live], q, 10, metric="cosine")
             np.testing.assert_array_equal(res.ids, live[truth])
             # the data directory is locked: a second server refuses it instead of sharing it
-            second = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--data", str(tmp_path / "data"),
+            second = subprocess.run([sys.executable, "-m", "vindex.service.cli", "serve", "--data", str(tmp_path / "data"),
                                      "--port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
             assert second.returncode == 2, (second.stdout, second.stderr)
             assert "IndexLockedError" in second.stderr and "in use by another vindex server" in second.stderr
@@ -1087,7 +1087,7 @@ def test_cli_console_script(server, client):
     """The installed ``vindex`` script, and a clear error when no server answers."""
     client.create_collection("script", dim=3)
     exe = shutil.which("vindex", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "service.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "vindex.service.cli"]
     res = subprocess.run([*cmd, "list", "--server", server.target], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "script\tdim 3\tl2\t0 vectors" in res.stdout.splitlines()

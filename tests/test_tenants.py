@@ -23,15 +23,15 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import vindex
-from vindex.iosched import ResourceExhaustedError
-from service import cli
-from service import vindex_pb2 as pb
-from service import vindex_pb2_grpc as pb_grpc
-from service.client import Collection
-from service.server import ServerConfig
-from service.tls import server_credentials
-from service.status import ERROR_KEY, QuotaExceededError, ServiceError
-from service.tenants import RPC_CLASS, TenantConfigError, Tenants, load_tenants, parse_tenants
+from vindex.errors import ResourceExhaustedError
+from vindex.service import cli
+from vindex.service import vindex_pb2 as pb
+from vindex.service import vindex_pb2_grpc as pb_grpc
+from vindex.service.client import Collection
+from vindex.service.server import ServerConfig
+from vindex.service.tls import server_credentials
+from vindex.service.status import ERROR_KEY, QuotaExceededError, ServiceError
+from vindex.service.tenants import RPC_CLASS, TenantConfigError, Tenants, load_tenants, parse_tenants
 from conftest import wait_until
 from test_service import SERVICE, Gate, InProcessServer, f32, health
 

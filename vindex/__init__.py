@@ -10,12 +10,13 @@ numba kernels for every hot loop.
 from __future__ import annotations
 
 from .config import IndexConfig
-from .errors import (CorruptionError, DimensionError, DuplicateIdError, IdExistsError, IndexClosedError,
-                     IndexExistsError, IndexLockedError, IndexNotFoundError, InvalidConfigError, InvalidIdError,
-                     InvalidInputError, InvalidKError, LengthMismatchError, NonFiniteError,
-                     NotAnIndexError, StorageError, VindexError)
+from .errors import (CorruptionError, DeadlineExpired, DimensionError, DuplicateIdError, IdExistsError,
+                     IndexClosedError, IndexExistsError, IndexLockedError, IndexNotFoundError, InvalidConfigError,
+                     InvalidIdError, InvalidInputError, InvalidKError, LengthMismatchError, NonFiniteError,
+                     NotAnIndexError, ResourceExhaustedError, StorageError, VindexError)
 from .gcpause import freeze_heap
-from .index import Index, SearchResult
+from .index import Index
+from .results import SearchResult
 from .verify import VerifyReport
 
 __version__ = "0.1.0"
@@ -23,7 +24,7 @@ __version__ = "0.1.0"
 
 def warmup() -> None:
     """Compile (or load from cache) every numba kernel, so the first query is not slow."""
-    import native
+    from vindex import native
 
     native.warmup()
 
@@ -31,7 +32,7 @@ def warmup() -> None:
 def __getattr__(name: str):
     # the gRPC client loads grpc and protobuf, so only when asked for
     if name in ("Client", "Collection", "ServiceError"):
-        from service import client, status
+        from vindex.service import client, status
 
         return {"Client": client.Client, "Collection": client.Collection, "ServiceError": status.ServiceError}[name]
     raise AttributeError(f"module 'vindex' has no attribute {name!r}")
@@ -42,5 +43,5 @@ __all__ = [
     "VindexError", "InvalidInputError", "DimensionError", "NonFiniteError", "InvalidKError",
     "InvalidIdError", "LengthMismatchError", "DuplicateIdError", "IdExistsError", "IndexNotFoundError",
     "NotAnIndexError", "IndexExistsError", "IndexLockedError", "InvalidConfigError", "IndexClosedError",
-    "CorruptionError", "StorageError", "VerifyReport",
+    "CorruptionError", "StorageError", "ResourceExhaustedError", "DeadlineExpired", "VerifyReport",
 ]

@@ -1,5 +1,5 @@
 import sys
 
-from service.cli import main
+from vindex.service.cli import main
 
 sys.exit(main())

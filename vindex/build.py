@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-import native
+from vindex import native
 
 from . import clustering
 from .config import IndexConfig

@@ -81,6 +81,14 @@ class StorageError(VindexError, OSError):
     not acknowledged; the index keeps working once the cause is gone (UNAVAILABLE over gRPC)."""
 
 
+class ResourceExhaustedError(VindexError):
+    """A tenant's quota or a class queue is full; retry later (RESOURCE_EXHAUSTED over gRPC)."""
+
+
+class DeadlineExpired(VindexError):
+    """The request's deadline passed before a worker reached it; it was not run."""
+
+
 def preview(ids: Iterable[int], limit: int = 10) -> str:
     """``[3, 7, 9]`` or ``[3, 7, ... (+12 more)]`` for error messages."""
     ids = [int(i) for i in ids]

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-import native
+from vindex import native
 
 #: Up to this many heads, a search scores every head with one BLAS product instead of walking
 #: the graph: cheaper below a few thousand heads, and exact.

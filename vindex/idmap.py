@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import native
+from vindex import native
 
 DELETED = np.uint8(0x80)
 VERSION_MASK = np.uint8(0x7F)

@@ -7,8 +7,7 @@ import shutil
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +20,7 @@ from .heads import METRIC_CODES, HeadGraph
 from .idmap import IdMap
 from .iosched import BackgroundPacer, yielding_pool
 from .progress import enabled
+from .results import SearchResult
 from .rebalance import FOLD_FRAGMENTS, STALE_ARRAYS, Rebalancer
 from .search import search as run_search
 from .state import State
@@ -30,31 +30,6 @@ from .verify import verify as verify_index
 
 #: Attempts of an optimistic ``get`` before it reads under the writers' lock.
 GET_RETRIES = 3
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """Results of a batch of queries, best first.
-
-    ``ids`` is ``(nq, k) int64`` padded with -1; ``distances`` is ``(nq, k) float32`` padded with
-    +inf: squared L2 for ``l2``, ``1 - cos`` for ``cosine``, ``-<q, x>`` for ``ip``.
-    Unpacks as ``ids, distances = result``. ``stats`` counts the work done: postings read
-    (each once per batch), records scanned (summed over queries) and postings dropped
-    (reads still queued when the search's ``timeout`` ran out).
-    """
-
-    ids: np.ndarray
-    distances: np.ndarray
-    stats: dict = field(default_factory=dict)
-
-    @property
-    def partial(self) -> bool:
-        """True when the search's ``timeout`` dropped some of its reads: the results cover
-        only the postings read in time."""
-        return self.stats.get("postings_dropped", 0) > 0
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return iter((self.ids, self.distances))
 
 
 class _Threads:
@@ -308,7 +283,7 @@ class Index:
         cfg = self.config
         k = validation.k(k)
         m = cfg.max_postings if max_postings is None else validation.positive_int(max_postings, "max_postings", upper=4096)
-        e = cfg.search_eps if eps is None else _eps(eps)
+        e = cfg.search_eps if eps is None else validation.check_eps(eps)
         beam = cfg.ef_for(m) if ef is None else validation.positive_int(ef, "ef", upper=65536)
         return self._vectors(queries, "queries"), k, m, e, beam
 
@@ -568,11 +543,3 @@ class Index:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _eps(value: Any) -> float:
-    if isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and value == np.inf:
-        return float("inf")
-    return validation.non_negative_float(value, "eps")
-
-

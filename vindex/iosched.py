@@ -22,6 +22,7 @@ time as an argument, so its ordering and drops are tested without sleeping.
 """
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
 import os
@@ -32,8 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .config import IO_SCHEDULERS
-from .errors import VindexError
-from .storage.base import IOClass
+from .errors import DeadlineExpired, ResourceExhaustedError
 
 #: Nice value of threads doing background or bulk-update work under ``sla``: on a machine with
 #: few cores the queue a search waits in is the CPU as much as the disk.
@@ -45,6 +45,14 @@ LOW_PRIORITY_NICE = 10
 #: back to back. 2 ms covers a one-query search's read on this VM's disk (0.6 ms median, 1.2
 #: ms p99 alone); 5 ms bought nothing more (docs/sla.md, 2026-12-05).
 YIELD_MAX_S = 0.002
+
+
+class IOClass(str, enum.Enum):
+    """Service class of a storage request; the scheduler gives each its own queue."""
+
+    INTERACTIVE = "interactive"  # searches
+    UPDATE = "update"            # foreground inserts, upserts, deletes
+    BACKGROUND = "background"    # rebalancing, compaction, bulk work
 
 
 def lower_thread_priority(nice: int = LOW_PRIORITY_NICE) -> bool:
@@ -74,14 +82,6 @@ def check_mode(mode: str) -> None:
 
 #: Classes in the order workers of the shared (fifo) pool would see them; sla never mixes them.
 CLASSES = (IOClass.INTERACTIVE, IOClass.UPDATE, IOClass.BACKGROUND)
-
-
-class ResourceExhaustedError(VindexError):
-    """A tenant's quota or a class queue is full; retry later (RESOURCE_EXHAUSTED over gRPC)."""
-
-
-class DeadlineExpired(VindexError):
-    """The request's deadline passed before a worker reached it; it was not run."""
 
 
 class TokenBucket:

@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-import native
+from vindex import native
 
 from . import oplog
 from .engine import Engine

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-import native
+from vindex import native
 
 from .heads import HeadGraph, scratch
 from .idmap import IdMap
-from .iosched import DeadlineExpired
+from .errors import DeadlineExpired
 from .readers import Readers
 from .storage import IOClass, PostingBatch, PostingStore, records
 

@@ -167,3 +167,10 @@ def seconds(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value > 0:
         raise InvalidInputError(f"{what}: expected a positive number of seconds, got {value!r}")
     return float(value)
+
+
+def check_eps(value: Any) -> float:
+    """The search pruning factor ``eps``: a non-negative float, ``inf`` for no pruning."""
+    if isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and value == np.inf:
+        return float("inf")
+    return non_negative_float(value, "eps")

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-import native
+from vindex import native
 
 from . import oplog
 from .build import build_postings

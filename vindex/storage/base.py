@@ -1,23 +1,15 @@
 """Types shared by every posting store."""
 from __future__ import annotations
 
-import enum
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from ..iosched import IOScheduler
+from ..iosched import IOClass, IOScheduler
 
-
-class IOClass(str, enum.Enum):
-    """Service class of a storage request; the I/O scheduler orders queues by it."""
-
-    INTERACTIVE = "interactive"  # searches
-    UPDATE = "update"            # foreground inserts, upserts, deletes
-    BACKGROUND = "background"    # rebalancing, compaction, bulk work
+__all__ = ["IOClass", "IOScheduler", "InPlace", "PostingBatch", "ReadBuffers", "Change", "PostingStore"]
 
 
 @dataclass

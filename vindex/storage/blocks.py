@@ -80,7 +80,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-import native  # its kernels load on first use: numba loads when the store first reads or writes data
+from vindex import native  # its kernels load on first use: numba loads when the store first reads or writes data
 
 from ..errors import CorruptionError, IndexLockedError, StorageError
 from ..files import fsync_dir, write_atomic

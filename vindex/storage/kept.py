@@ -29,10 +29,10 @@ from collections import deque
 
 import numpy as np
 
-import native
+from vindex import native
 
 # Columns of the per-posting table (see native.kept_table)
-from native.kept_table import GEN, ROWS, SEQ, SPAN, START
+from vindex.native.kept_table import GEN, ROWS, SEQ, SPAN, START
 
 log = logging.getLogger(__name__)
 

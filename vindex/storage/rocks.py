@@ -39,8 +39,8 @@ import numpy as np
 from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, Env, MemtableFactory, Options, Rdict, ReadOptions,
                        WriteBatch, WriteOptions)
 
-import native
-from native.kept_table import CHUNKS_MASK as _CHUNKS_MASK
+from vindex import native
+from vindex.native.kept_table import CHUNKS_MASK as _CHUNKS_MASK
 
 from ..errors import CorruptionError, IndexLockedError, StorageError
 from ..iosched import IOScheduler
