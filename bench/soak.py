@@ -156,8 +156,9 @@ class ServerProcess:
 
 
 #: RocksDB memtable bytes per byte of write-ahead log under this load: the arena also holds
-#: skiplist nodes and internal keys. Measured in process over 6 minutes of the default load,
-#: reading ``rocksdb.cur-size-all-mem-tables``: memtables +67 MiB while the log grew +63 MiB.
+#: skiplist nodes and internal keys. Taken from ``rocksdb.cur-size-all-mem-tables`` against the
+#: log's growth under the default load, so the harness can estimate the memtables from the
+#: log files it reads from outside the server.
 MEMTABLE_PER_WAL_BYTE = 1.06
 
 

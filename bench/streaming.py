@@ -39,10 +39,9 @@ def ground_truths(steps, base, queries, metric, k) -> list[np.ndarray]:
     return out
 
 
-#: Untimed passes before a setting's timed ones. Passes of vindex at max_postings 1 right after
-#: one at 64, on the bigann-10k runbook's final index (medians of 60, us): 892, 575, 452, 414,
-#: 388, 381, 372, 362, 356, 364; faiss IVFFlat's at nprobe 1 after 16: 504, 462, 444, 453, 438,
-#: 436, 434, 433, 432, 436. After four, both are within a few percent of where they settle.
+#: Untimed passes before a setting's timed ones: a cheap setting's first passes after a costly
+#: one run slow (for vindex and faiss IVFFlat alike), and after four both are within a few
+#: percent of the rate where they settle.
 WARM_PASSES = 4
 
 
@@ -54,9 +53,9 @@ def play(method, steps, base, queries, truths, metric, k, repeats: int = 3) -> d
     each setting runs ``WARM_PASSES`` untimed passes and ``repeats`` timed ones back to back:
     ``qps`` is from their median time, the setting's steady rate. A first pass follows some
     other setting, and in the rotation the cheapest always follows the largest: vindex's
-    max_postings 1 after 64 (a pass over the whole index) took 2.4x its time after itself on
-    bigann-10k, faiss IVFFlat's nprobe 1 after 16 1.17x (2026-12-02). ``repeats`` 0: ``qps``
-    is the first pass's."""
+    max_postings 1 after 64 (a pass over the whole index) takes over twice its settled time,
+    and faiss IVFFlat's nprobe 1 after 16 is slower too. ``repeats`` 0: ``qps`` is the first
+    pass's."""
     live = runbook.LiveSet()
     method.setup(base.shape[1], metric, int(max(runbook.max_row_steps(steps), 1)))
     times = {"insert": 0.0, "delete": 0.0, "replace": 0.0}

@@ -23,8 +23,8 @@ a block, the same bit flipped in two words, swapped words, zeroed sectors and bl
 of a posting swapped, and a numpy oracle of the formula.
 
 Not a CRC and not cryptographic: it guards against disk and firmware damage, not an attacker.
-The terms are independent (a sum, not a chain), so the loop vectorises (AVX2): measured
-~0.23 us per block on this 2-vCPU VM (zen3), against ~2.4 us for ``zlib.crc32`` of 4 KiB.
+The terms are independent (a sum, not a chain), so the loop vectorises (AVX2): about a tenth
+of the time of ``zlib.crc32`` over the same 4 KiB, cheap enough to check on every read.
 """
 from __future__ import annotations
 

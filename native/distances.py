@@ -78,8 +78,7 @@ def to_rows(metric, q, rows, lo, hi, col0, out):
 
     Four rows share each pass over ``q``: one row's sum is a chain of dependent vector adds
     ending in a horizontal sum, and four independent chains keep the FPU busy while each
-    waits (100-query searches of the bigann-10k runbook's index: 5-29% less time, the most
-    at large ``max_postings``). The last group repeats its last row rather than finishing
+    waits, which pays most in searches that scan many rows (large ``max_postings``). The last group repeats its last row rather than finishing
     one row at a time: a row's distance then always comes out of the same arithmetic, bit
     for bit, wherever it sits (replicas of a vector in different postings must tie exactly,
     or which copy a search meets first would show)."""

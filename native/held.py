@@ -2,17 +2,15 @@
 
 Every ``nogil`` kernel call releases the GIL and takes it back on return. Taking it back is a
 hand-off: when another thread runs Python meanwhile (an ingest does), the search waits until
-that thread lets go, up to the switch interval. A batch-size-1 search on 200k vectors made
-five such calls; beside a thread running a plain Python loop it took 4.8 ms instead of 0.29
-(five 1 ms switch intervals), and 1.5 ms through these entry points, which leave it one
-release: its read from the store.
+that thread lets go, up to the switch interval. A batch-size-1 search made five such calls,
+so beside a thread running a plain Python loop it could wait five switch intervals, many
+times its own work; these entry points leave it one release: its read from the store.
 
 Holding the GIL costs parallelism only for the time these kernels run, about 50 us for one
 query, less than such a search spends in Python anyway; batches larger than
 ``vindex.search.HELD_MAX_QUERIES`` use the ``nogil`` kernels and run in parallel threads.
-The block store checks and moves reads of up to ``HELD_MAX_BLOCKS`` blocks here too: on
-200k, beside the same loop at a 0.25 ms switch interval, a max_postings-16 search took
-1.17 ms at the median against 1.78 ms.
+The block store checks and moves reads of up to ``HELD_MAX_BLOCKS`` blocks here too, for
+the same reason: one hand-off fewer per search beside a busy thread.
 
 A call from one compiled function to another is a plain native call, so each entry point
 runs the ``nogil`` kernel's own code.

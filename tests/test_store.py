@@ -438,7 +438,7 @@ def test_kept_ring_stops_keeping_whole_postings_while_they_do_not_fit_and_starts
 
 def test_kept_ring_grows_without_copying_its_records(monkeypatch):
     # growing by copying into a larger array held up the search whose keep triggered it
-    # (485 ms for a 128 MiB ring); the array is reserved once and the ring's end moves on
+    # for as long as the copy took; the array is reserved once and the ring's end moves on
     from vindex.storage import kept
     from vindex.storage.kept import KeptPostings
 
