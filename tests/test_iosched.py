@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from conftest import wait_until
 
-from vindex import iosched
-from vindex.iosched import (Aimd, DeadlineExpired, IOScheduler, Queues, Request, ResourceExhaustedError,
-                            TokenBucket, percentile)
+from vindex.iosched import (Aimd, DeadlineExpired, IOScheduler, IOTargets, Queues, Request,
+                            ResourceExhaustedError, TokenBucket, percentile)
 from vindex.storage import IOClass
 
 I, U, B = IOClass.INTERACTIVE, IOClass.UPDATE, IOClass.BACKGROUND
@@ -464,12 +463,11 @@ def test_a_pause_repriced_in_slices_ends_soon_after_searches_stop():
     assert slept < 5 and p.duty == 1.0
 
 
-def test_update_and_background_requests_wait_for_the_searches_reads_in_flight(monkeypatch):
+def test_update_and_background_requests_wait_for_the_searches_reads_in_flight():
     """Under sla a request of another class is issued only once the interactive requests
     running when it arrived have ended (the disk serves in order: issued first, it would
     delay them), whether it runs on its caller's thread or on a worker."""
-    monkeypatch.setattr(iosched, "YIELD_MAX_S", 30.0)
-    s = IOScheduler("sla", workers={I: 1, U: 1, B: 1})
+    s = IOScheduler("sla", workers={I: 1, U: 1, B: 1}, targets=IOTargets(yield_max_s=30.0))
     release, started, order = threading.Event(), threading.Event(), []
 
     def search():
@@ -500,9 +498,8 @@ def test_update_and_background_requests_wait_for_the_searches_reads_in_flight(mo
 
 
 @pytest.mark.parametrize("mode", ["sla", "fifo"])
-def test_yielding_to_searches_is_bounded_and_only_under_sla(monkeypatch, mode):
-    monkeypatch.setattr(iosched, "YIELD_MAX_S", 0.01)
-    s = IOScheduler(mode, workers={I: 1, U: 1, B: 1})
+def test_yielding_to_searches_is_bounded_and_only_under_sla(mode):
+    s = IOScheduler(mode, workers={I: 1, U: 1, B: 1}, targets=IOTargets(yield_max_s=0.01))
     release, started = threading.Event(), threading.Event()
     try:
         reader = threading.Thread(target=s.run, args=(I, lambda: (started.set(), release.wait(30))))

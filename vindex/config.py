@@ -18,10 +18,19 @@ STORES = ("rocksdb", "blocks", "memory")
 DURABILITY = ("process", "fsync")
 IO_SCHEDULERS = ("sla", "fifo")
 
+#: A search of at most this many queries is a small (interactive) one: a caller waits on its
+#: latency, so its p99 is what ``interactive_p99_ms`` targets (the pacers' samples, the
+#: searches writers yield to), the server coalesces such requests into one batch, and it is
+#: short enough to run its kernels holding the GIL (a release costs a hand-off that, beside a
+#: thread running Python, can take a whole switch interval: more than such a search spends in
+#: the kernels).
+SMALL_SEARCH_QUERIES = 16
+
 #: Fields that may differ between the process that built an index and one that reopens it.
 RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebalance_batch",
                             "checkpoint_every", "scrub_ratio", "durability",
-                            "io_scheduler", "interactive_p99_ms"})
+                            "io_scheduler", "interactive_p99_ms", "read_p99_ms",
+                            "exact_search_max_heads"})
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,10 @@ class IndexConfig:
     """DiskANN pruning factor; > 1 keeps longer edges for faster navigation."""
     graph_entries: int = 256
     """Entry points (a sample of heads) every head search starts from."""
+    exact_search_max_heads: int = 4096
+    """(runtime) Up to this many heads, a search scores every head (one BLAS product for a
+    batch) instead of walking the graph: exact, and cheaper below a few thousand heads.
+    0 always walks the graph."""
 
     # --- clustering ------------------------------------------------------------------------
     kmeans_iters: int = 12
@@ -140,8 +153,16 @@ class IndexConfig:
     time shrinking while the p99 of small searches misses ``interactive_p99_ms`` (docs/sla.md).
     ``fifo``: one shared queue, no pacing (for comparison)."""
     interactive_p99_ms: float = 5.0
-    """(runtime) The search latency target (p99, batches of up to 16 queries) background
-    work and writes are paced to."""
+    """(runtime) The search latency target (p99 of whole searches of up to
+    ``SMALL_SEARCH_QUERIES`` queries) background work and writes are paced to; a commit waits
+    at most this long for running searches."""
+    read_p99_ms: float = 2.0
+    """(runtime) The latency target of one interactive storage read (p99 from queued to done:
+    a multi-get, or a search's block reads), a part of a search's time. The store's I/O
+    scheduler paces its background reads to it, and a disk request of another class waits at
+    most this long for running interactive reads to end: one still running then has missed
+    its target anyway, and longer waits would only cost the writer. The default is about twice
+    a one-query search's read p99 on a cloud VM's SSD with nothing else running."""
     durability: str = "process"
     """(runtime) When a write is acknowledged. ``process``: it is in the store's write-ahead
     log, so it survives the process being killed (not a power loss). ``fsync``: the log is
@@ -194,6 +215,8 @@ class IndexConfig:
         need(self.durability in DURABILITY, "durability", f"one of {DURABILITY}")
         need(self.io_scheduler in IO_SCHEDULERS, "io_scheduler", f"one of {IO_SCHEDULERS}")
         need(self.interactive_p99_ms > 0, "interactive_p99_ms", "> 0")
+        need(self.read_p99_ms > 0, "read_p99_ms", "> 0")
+        need(0 <= self.exact_search_max_heads <= 1 << 30, "exact_search_max_heads", "0..2^30")
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "IndexConfig":
