@@ -663,7 +663,7 @@ def test_entry_points_repeat_for_the_same_changes():
 # reassignments), deleting, searching (1 query: the GIL-holding kernels; 100: the nogil ones),
 # closing and reopening on both stores loads no kernel. A kernel loaded later does so holding
 # the GIL: the first split after `vindex serve` was ready stalled every search ~50 ms while
-# ``graph.connect`` loaded from numba's cache (bench.sla, 2026-12-02).
+# ``graph.connect`` loaded from numba's cache (bench.sla).
 _WARM_SCRIPT = """
 import importlib, json, sys, tempfile
 import numpy as np

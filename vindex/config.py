@@ -56,16 +56,14 @@ class IndexConfig:
     """RNG rule: accept head c only if ``rng_factor * D(c, c') > D(x, c)`` for each accepted c'."""
     insert_candidates: int = 16
     """Nearest heads examined when an insert or a reassignment chooses postings (a bulk build
-    examines ``replica_candidates``); fewer is faster, the RNG rule rarely reaches far (16
-    instead of 32 drained 200k + 200k upserts in 10 s instead of 12 with recall within 0.003,
-    and left the 1M churn benchmark's gaps to a fresh build where they were)."""
+    examines ``replica_candidates``); fewer is faster, and the RNG rule rarely reaches past
+    the first few, so 16 costs no recall on the churn benchmark (docs/params.md)."""
 
     insert_ef: int = 24
     """Beam width of an upsert's search for its ``insert_candidates`` (from the shared entry
-    points). On 1M, 24 instead of 32 cut the search's time per vector from 25 to 19 us and found
-    the nearest head for 99.75% of vectors instead of 99.78%; the churn benchmark's gaps to a
-    fresh build stayed where they were. A reassignment starts at the posting the vector sits in
-    and uses a beam as wide as its candidates."""
+    points): wider finds the nearest head a little more often and costs time (docs/params.md).
+    A reassignment starts at the posting the vector sits in and uses a beam as wide as its
+    candidates."""
 
     new_head_factor: float = 2.0
     """An insert farther from its nearest head than this many times that head's radius (the
@@ -77,26 +75,21 @@ class IndexConfig:
     """Split, merge, reassign and garbage-collect postings in the background. Off: appends only."""
     merge_fraction: float = 0.4
     """A posting with fewer live vectors than this fraction of the budget is merged away.
-    0.4 leaves a churned index with as many heads as a fresh build of its live set, so a
-    fixed ``max_postings`` scans as many vectors (1M churn benchmark at 14:32: 27,728 heads against
-    27,962 and 884 vectors per query against 879 at max_postings 16; 0.35 left 30,067
-    heads and 800 vectors, 0.42 left 26,897 and 918)."""
+    0.4 leaves a churned index with about as many heads as a fresh build of its live set, so
+    a fixed ``max_postings`` scans as many vectors (docs/params.md)."""
     gc_fraction: float = 0.1
     """A posting is rewritten without garbage once this fraction of it is known dead. The
     rewrite is also when a shrinking posting is found small enough to merge, so under deletes
-    this keeps postings as full as a fresh build's (0.25 left the churn benchmark's postings
-    with 18% garbage and 15% fewer live vectors, and 0.015 less recall at max_postings 16)."""
+    this keeps postings as full as a fresh build's (higher values leave them emptier: more
+    garbage, fewer live vectors, less recall at a fixed ``max_postings``)."""
     reassign_neighbors: int = 64
     """Postings around a split whose vectors are checked for reassignment."""
     scrub_ratio: float = 1.0
     """Stored vectors re-checked in the background per vector written: each is moved if its
     posting is no longer among the ones the RNG rule picks (0: only SPFresh's reassignment
     around splits). A record whose posting's graph neighbourhood vouches for it costs a read
-    and ~35 distances; about 1 in 6 gets replica selection again. On 1M (2026-12-04, single
-    runs of bench.placement, the churn benchmark's rounds): recall@10 at max_postings 16 was
-    0.0038 below a fresh build with 1.0, -0.0006 with 2.0, and 0.0065 with the default before
-    (0.5, every record fully checked); a 500k-upsert drain spent 3.1-3.5 s scrubbing at 1.0,
-    6.8-7.8 s at 2.0 and 3.8-4.2 s with the default before."""
+    and ~35 distances; about 1 in 6 gets replica selection again. More closes more of the
+    recall gap to a fresh build and costs drain time in proportion (docs/params.md)."""
     split_balance: float = 1.0
     """Size penalty of the balanced k-means that splits a posting (0: plain k-means)."""
     rebalance_batch: int = 256
@@ -135,7 +128,7 @@ class IndexConfig:
     """Query-aware pruning: visit head j only if ``D(q,c_j) <= (1+eps) * D(q,c_1)``."""
     search_ef: int = 0
     """Beam width of the head-graph search; 0 means ``max(max_postings, 32)`` (a wider beam
-    finds slightly better heads: +0.003 recall@10 at 2x the graph cost on 1M x 128)."""
+    finds slightly better heads at more graph cost)."""
 
     # --- storage ---------------------------------------------------------------------------
     store: str = "rocksdb"

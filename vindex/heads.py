@@ -70,11 +70,11 @@ def _nearest_entries(queries: np.ndarray, vectors: np.ndarray, entries: np.ndarr
 
     A beam of width ``k`` started from every entry point keeps just the ``k`` nearest and
     never takes another entry point later (the beam only gets closer), so starting from those
-    ``k`` finds the same heads. The beam scores the 256 entry points one at a time from
-    scattered rows, 40% of the ~630 distances of an upsert's replica search on 1M; a kernel
-    scoring them four at a time from one contiguous copy takes 4.3 us a query. (Not BLAS: at
-    its default of a thread per core, called from the upsert pool's threads, it oversubscribed
-    the cores and doubled the search's CPU time.)"""
+    ``k`` finds the same heads. The beam would score the entry points one at a time from
+    scattered rows, a large share of an upsert's replica search; a kernel scores them four at
+    a time from one contiguous copy instead. (Not BLAS: at its default of a thread per core,
+    called from the upsert pool's threads, it oversubscribed the cores and doubled the
+    search's CPU time.)"""
     out = np.empty((queries.shape[0], k), dtype=np.int32)
     native.graph.nearest_entries(queries, np.ascontiguousarray(vectors[entries]), entries, metric, k, out)
     return out
@@ -149,7 +149,7 @@ class HeadGraph:
 
         ``seeds`` (one head per query, -1 for none): a head known to lie near the query (the
         posting a stored vector sits in), which starts its search instead of the shared entry
-        points (a replica search on 1M x 128 took 31% less time, with the same postings). Only
+        points (a replica search then takes less time and finds the same postings). Only
         the rebalancer, which alone retires heads, passes seeds; a dead one falls back to the
         shared entries. Inserts keep those: a new region is found through the entry points
         sampled from it (32 of them instead of 256 cost recall under drift)."""
