@@ -292,6 +292,22 @@ def test_pacing_is_a_runtime_setting_and_background_still_drains(tmp_path):
         assert idx.stats()["io_scheduler"] == "fifo"
 
 
+@pytest.mark.parametrize("store", ["rocksdb", "blocks"])
+def test_the_stores_scheduler_works_to_the_configured_read_target(tmp_path, store):
+    """``read_p99_ms`` is the one source of both the background pacing's target and the bound
+    on yielding to interactive reads, at build and as a runtime setting when reopened."""
+    import vindex
+
+    with vindex.Index.create(tmp_path / "idx", dim=8, store=store) as idx:
+        sched = idx._engine.store.scheduler
+        assert sched.aimd.target == sched.yield_max_s == vindex.IndexConfig().read_p99_ms / 1000
+    with vindex.Index.open(tmp_path / "idx", read_p99_ms=7.0) as idx:
+        sched = idx._engine.store.scheduler
+        assert sched.aimd.target == sched.yield_max_s == 0.007
+    with pytest.raises(vindex.InvalidConfigError, match="read_p99_ms"):
+        vindex.IndexConfig(read_p99_ms=0)
+
+
 def test_writes_are_paced_while_searches_miss_their_target(tmp_path):
     import numpy as np
 

@@ -642,6 +642,23 @@ def test_heads_inserted_from_a_nearby_head_link_as_from_the_entry_points():
     assert same >= 0.95  # measured 1.0: the same rows
 
 
+def test_exact_head_search_bound_is_a_runtime_setting(tmp_path):
+    # exact_search_max_heads reaches the graph built, the empty graph created and the graph
+    # loaded when an index is reopened
+    import vindex
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2000, 8)).astype(np.float32)
+    with vindex.Index.build(tmp_path / "i", x, posting_limit_bytes=1024, exact_search_max_heads=0) as idx:
+        assert idx._engine.state.graph.exact_max_heads == 0
+        walked = idx.search(x[:20], 5, max_postings=4096, eps=np.inf, ef=4096)
+    with vindex.Index.open(tmp_path / "i", exact_search_max_heads=4096) as idx:
+        assert idx._engine.state.graph.exact_max_heads == 4096
+        exact = idx.search(x[:20], 5, max_postings=4096, eps=np.inf, ef=4096)
+    np.testing.assert_array_equal(walked.ids, exact.ids)  # every posting visited either way
+    with vindex.Index.create(tmp_path / "e", dim=8, exact_search_max_heads=3) as idx:
+        assert idx._engine.state.graph.exact_max_heads == 3
+
+
 def test_entry_points_repeat_for_the_same_changes():
     # heads added later replace entry points at random (reservoir sampling); the draw is
     # seeded by the graph's state, so two graphs given the same changes keep the same entries

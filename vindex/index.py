@@ -172,7 +172,8 @@ class Index:
                 raise CorruptionError(f"{path}: index has no checkpoint")
             arrays, stats = checkpoint.load(path, seq)
             exact = cfg.exact_search_max_heads
-            graph = (HeadGraph.from_arrays(arrays, cfg.graph_alpha, exact_max_heads=exact) if arrays["head_vectors"].shape[0]
+            graph = (HeadGraph.from_arrays(arrays, cfg.graph_alpha, exact_max_heads=exact)
+                     if arrays["head_vectors"].shape[0]
                      else HeadGraph(manifest.dim, cfg.graph_degree, cfg.graph_alpha, cfg.graph_entries,
                                     exact_max_heads=exact))
             state = State(IdMap.from_arrays(arrays), graph, arrays.get("garbage"))
