@@ -318,11 +318,12 @@ class HeadGraph:
     # --- bulk construction ----------------------------------------------------------------------
     @classmethod
     def build(cls, vectors: np.ndarray, degree: int, alpha: float, n_entries: int, ef: int,
-              seed: int, **search: int) -> "HeadGraph":
-        """Graph over ``vectors`` by inserting them in a seeded random order. ``search``: the
-        constructor's keyword arguments (``exact_max_heads``, ``nearest_entries_min_queries``)."""
+              seed: int, *, exact_max_heads: int = IndexConfig.exact_search_max_heads,
+              nearest_entries_min_queries: int = NEAREST_ENTRIES_MIN_QUERIES) -> "HeadGraph":
+        """Graph over ``vectors`` by inserting them in a seeded random order."""
         n = vectors.shape[0]
-        g = cls(vectors.shape[1], degree, alpha, n_entries, capacity=n, **search)
+        g = cls(vectors.shape[1], degree, alpha, n_entries, capacity=n, exact_max_heads=exact_max_heads,
+                nearest_entries_min_queries=nearest_entries_min_queries)
         g.vectors[:n] = vectors
         g.alive[:n] = True
         g.n = g.n_alive = n

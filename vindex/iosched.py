@@ -274,7 +274,8 @@ class Queues:
 class IOScheduler:
     """Runs storage requests on per-class worker threads (``sla``) or one shared pool
     (``fifo``). The work itself (a RocksDB multi-get, a preadv) must release the GIL for the
-    classes to run side by side."""
+    classes to run side by side. ``targets``: the interactive read latency the background
+    pacing adapts to and the bound on yielding to interactive reads (``IOTargets``)."""
 
     def __init__(self, mode: str = "sla", *, workers: dict[IOClass, int] | None = None,
                  queue_limit: int = 4096, targets: IOTargets = IOTargets(),
