@@ -8,7 +8,7 @@ times its own work; these entry points leave it one release: its read from the s
 
 Holding the GIL costs parallelism only for the time these kernels run, about 50 us for one
 query, less than such a search spends in Python anyway; batches larger than
-``vindex.search.HELD_MAX_QUERIES`` use the ``nogil`` kernels and run in parallel threads.
+``vindex.config.SMALL_SEARCH_QUERIES`` use the ``nogil`` kernels and run in parallel threads.
 The block store checks and moves reads of up to ``HELD_MAX_BLOCKS`` blocks here too, for
 the same reason: one hand-off fewer per search beside a busy thread.
 

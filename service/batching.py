@@ -3,9 +3,9 @@
 A batch-size-1 search through the library pays a fixed cost per call (Python glue, one RocksDB
 multi-get, kernel launches) that is several times its per-query cost, and a batch reads each
 posting once for all the queries that need it. Under concurrent load the server therefore
-queues small searches that share a collection and parameters and runs whatever has queued as
-one ``Index.search`` call (measured with 8 client processes on 2 cores at batch size 1:
-+21-31% QPS). There is no timer: a lone request runs at once (at most
+queues small searches (at most ``vindex.config.SMALL_SEARCH_QUERIES`` queries; larger
+requests are batches already) that share a collection and parameters, and runs whatever has
+queued as one ``Index.search`` call. There is no timer: a lone request runs at once (at most
 ``max_running`` batches per key run together, one per core); requests that arrive while those
 run form the next batch. Bookkeeping runs on the event loop only, so it needs no locks.
 """
@@ -19,8 +19,6 @@ import numpy as np
 
 from vindex.results import SearchResult
 
-#: Requests with at most this many queries are coalesced; larger ones are batches already.
-MAX_COALESCED_QUERIES = 16
 #: Queries per coalesced call at most.
 MAX_BATCH_ROWS = 256
 

@@ -30,11 +30,12 @@ from grpc_reflection.v1alpha import reflection
 
 import vindex
 from vindex import errors
+from vindex.config import SMALL_SEARCH_QUERIES
 from vindex.iosched import lower_thread_priority
 
 from . import vindex_pb2 as pb
 from . import vindex_pb2_grpc as pb_grpc
-from .batching import MAX_COALESCED_QUERIES, SearchBatcher
+from .batching import SearchBatcher
 from .collections import Collections
 from .status import RequestTooLargeError, code_for, message, trailers
 from .tenants import TenantInterceptor, current_tenant, load_tenants
@@ -352,11 +353,11 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
             return q
 
         async def coalesced() -> pb.SearchResponse:
-            if len(request.queries) > MAX_COALESCED_QUERIES * 4 * max(1, request.dim):
+            if len(request.queries) > SMALL_SEARCH_QUERIES * 4 * max(1, request.dim):
                 # a batch already: checked and run on the pool, off the event loop
                 return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: respond(search(checked())))
             q = checked()  # small: cheap enough for the event loop
-            if q.shape[0] == 0:  # (a small request has at most MAX_COALESCED_QUERIES rows)
+            if q.shape[0] == 0:  # (a small request has at most SMALL_SEARCH_QUERIES rows)
                 return respond(await asyncio.get_running_loop().run_in_executor(self.pool, search, q))
             key = (name, k, tenant, tuple(sorted(params.items())))
             # a coalesced batch is many small requests, each waited for: interactive at any size

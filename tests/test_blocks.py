@@ -1023,8 +1023,7 @@ def test_commits_write_in_pieces_issued_after_the_searches_reads(tmp_path, engin
     from vindex import iosched
 
     monkeypatch.setattr(blocks, "WRITE_PIECE", 2 * BLOCK)
-    monkeypatch.setattr(iosched, "YIELD_MAX_S", 30.0)
-    s = open_store(tmp_path / "s", engine=engine)
+    s = open_store(tmp_path / "s", engine=engine, targets=iosched.IOTargets(yield_max_s=30.0))
     load(s, {0: [1]})
     sizes: list[int] = []
     real = blocks._pwrite

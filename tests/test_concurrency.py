@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 import vindex
-import vindex.heads as heads_module
-from vindex.search import HELD_MAX_QUERIES
+from vindex.config import SMALL_SEARCH_QUERIES
 from conftest import brute_force, run_for
 
 ALL = dict(max_postings=4096, eps=float("inf"), ef=4096)
@@ -95,14 +94,14 @@ def test_concurrent_searches_and_updates(tmp_path, bigann):
 
 
 @pytest.mark.parametrize("graph_search", [False, True])
-def test_few_query_searches_match_batches(tmp_path, bigann, monkeypatch, graph_search):
-    """Searches of up to HELD_MAX_QUERIES queries call the GIL-holding entry points
+def test_few_query_searches_match_batches(tmp_path, bigann, graph_search):
+    """Searches of up to SMALL_SEARCH_QUERIES queries call the GIL-holding entry points
     (``native.held``), larger ones the nogil kernels: both give the same results."""
-    if graph_search:  # the head graph instead of exact head search on this small index
-        monkeypatch.setattr(heads_module, "EXACT_MAX_HEADS", 0)
+    # graph_search: the head graph instead of exact head search on this small index
+    exact = {"exact_search_max_heads": 0} if graph_search else {}
     base = bigann["base"][:5000].astype(np.float32)
-    index = vindex.Index.build(tmp_path / "h", base, posting_limit_bytes=8 * 1024)
-    queries = bigann["queries"][:HELD_MAX_QUERIES + 8].astype(np.float32)
+    index = vindex.Index.build(tmp_path / "h", base, posting_limit_bytes=8 * 1024, **exact)
+    queries = bigann["queries"][:SMALL_SEARCH_QUERIES + 8].astype(np.float32)
     batch = index.search(queries, 10)
     for i in range(queries.shape[0]):
         one = index.search(queries[i], 10)
@@ -143,5 +142,5 @@ def test_one_query_search_gives_the_gil_back_once(tmp_path, bigann, store):
         spinner.join()
         sys.setswitchinterval(old)
         index.close()
-    # measured: 1.0 interval each; 2-3 through the nogil kernels (HELD_MAX_QUERIES = 0)
+    # measured: 1.0 interval each; 2-3 through the nogil kernels (SMALL_SEARCH_QUERIES = 0)
     assert np.median(took) < 1.6 * interval, took

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from conftest import wait_until
 
-from vindex import iosched
-from vindex.iosched import (Aimd, DeadlineExpired, IOScheduler, Queues, Request, ResourceExhaustedError,
-                            TokenBucket, percentile)
+from vindex.iosched import (Aimd, DeadlineExpired, IOScheduler, IOTargets, Queues, Request,
+                            ResourceExhaustedError, TokenBucket, percentile)
 from vindex.storage import IOClass
 
 I, U, B = IOClass.INTERACTIVE, IOClass.UPDATE, IOClass.BACKGROUND
@@ -293,6 +292,22 @@ def test_pacing_is_a_runtime_setting_and_background_still_drains(tmp_path):
         assert idx.stats()["io_scheduler"] == "fifo"
 
 
+@pytest.mark.parametrize("store", ["rocksdb", "blocks"])
+def test_the_stores_scheduler_works_to_the_configured_read_target(tmp_path, store):
+    """``read_p99_ms`` is the one source of both the background pacing's target and the bound
+    on yielding to interactive reads, at build and as a runtime setting when reopened."""
+    import vindex
+
+    with vindex.Index.create(tmp_path / "idx", dim=8, store=store) as idx:
+        sched = idx._engine.store.scheduler
+        assert sched.aimd.target == sched.yield_max_s == vindex.IndexConfig().read_p99_ms / 1000
+    with vindex.Index.open(tmp_path / "idx", read_p99_ms=7.0) as idx:
+        sched = idx._engine.store.scheduler
+        assert sched.aimd.target == sched.yield_max_s == 0.007
+    with pytest.raises(vindex.InvalidConfigError, match="read_p99_ms"):
+        vindex.IndexConfig(read_p99_ms=0)
+
+
 def test_writes_are_paced_while_searches_miss_their_target(tmp_path):
     import numpy as np
 
@@ -464,12 +479,11 @@ def test_a_pause_repriced_in_slices_ends_soon_after_searches_stop():
     assert slept < 5 and p.duty == 1.0
 
 
-def test_update_and_background_requests_wait_for_the_searches_reads_in_flight(monkeypatch):
+def test_update_and_background_requests_wait_for_the_searches_reads_in_flight():
     """Under sla a request of another class is issued only once the interactive requests
     running when it arrived have ended (the disk serves in order: issued first, it would
     delay them), whether it runs on its caller's thread or on a worker."""
-    monkeypatch.setattr(iosched, "YIELD_MAX_S", 30.0)
-    s = IOScheduler("sla", workers={I: 1, U: 1, B: 1})
+    s = IOScheduler("sla", workers={I: 1, U: 1, B: 1}, targets=IOTargets(yield_max_s=30.0))
     release, started, order = threading.Event(), threading.Event(), []
 
     def search():
@@ -500,9 +514,8 @@ def test_update_and_background_requests_wait_for_the_searches_reads_in_flight(mo
 
 
 @pytest.mark.parametrize("mode", ["sla", "fifo"])
-def test_yielding_to_searches_is_bounded_and_only_under_sla(monkeypatch, mode):
-    monkeypatch.setattr(iosched, "YIELD_MAX_S", 0.01)
-    s = IOScheduler(mode, workers={I: 1, U: 1, B: 1})
+def test_yielding_to_searches_is_bounded_and_only_under_sla(mode):
+    s = IOScheduler(mode, workers={I: 1, U: 1, B: 1}, targets=IOTargets(yield_max_s=0.01))
     release, started = threading.Event(), threading.Event()
     try:
         reader = threading.Thread(target=s.run, args=(I, lambda: (started.set(), release.wait(30))))

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vindex.config import IndexConfig
 from vindex.native import distances, graph, heap, idhash, kept, replicas, scan
 
 
@@ -536,9 +537,9 @@ def test_layout_compact_matches_memmove(record_size):
 def test_seeded_head_search_matches_the_shared_entry_points():
     # the rebalancer starts a vector's replica search at its own posting's head; a missing,
     # out-of-range or dead seed falls back to the shared entry points, never into the results
-    from vindex.heads import EXACT_MAX_HEADS, HeadGraph
+    from vindex.heads import HeadGraph
     rng = np.random.default_rng(11)
-    n = EXACT_MAX_HEADS + 904  # past the exact path: the graph is walked
+    n = IndexConfig.exact_search_max_heads + 904  # past the exact path: the graph is walked
     g = HeadGraph.build(rng.standard_normal((n, 16)).astype(np.float32), 16, 1.2, 64, 64, seed=1)
     dead = rng.choice(n, 40, replace=False)
     mask = np.zeros(g.capacity, np.bool_)
@@ -576,20 +577,19 @@ def test_beam_keeps_the_nearest_in_order_ties_to_the_earlier():
         np.testing.assert_array_equal(out, want)
 
 
-def test_batch_head_search_from_the_nearest_entry_points_matches_all_of_them(monkeypatch):
+def test_batch_head_search_from_the_nearest_entry_points_matches_all_of_them():
     # from 64 queries a graph search starts each beam at its nearest entry points only: the
     # same heads as a beam fed every entry point, which keeps just those
-    from vindex import heads as heads_mod
-    from vindex.heads import EXACT_MAX_HEADS, HeadGraph
+    from vindex.heads import HeadGraph
     rng = np.random.default_rng(13)
-    n, dim = EXACT_MAX_HEADS + 904, 16  # past the exact path: the graph is walked
-    g = HeadGraph.build(rng.standard_normal((n, dim)).astype(np.float32), 16, 1.2, 128, 64, seed=1)
+    n, dim = IndexConfig.exact_search_max_heads + 904, 16  # past the exact path: the graph is walked
+    heads = rng.standard_normal((n, dim)).astype(np.float32)
+    g = HeadGraph.build(heads, 16, 1.2, 128, 64, seed=1)
+    g_all = HeadGraph.build(heads, 16, 1.2, 128, 64, seed=1, nearest_entries_min_queries=10**9)
     q = rng.standard_normal((300, dim)).astype(np.float32)
     for metric, ef in ((distances.L2, 24), (distances.IP, 40)):
         ids, dist, counts = g.search(q, metric, 16, np.inf, ef)
-        monkeypatch.setattr(heads_mod, "NEAREST_ENTRIES_MIN_QUERIES", 10**9)
-        ids_all, dist_all, counts_all = g.search(q, metric, 16, np.inf, ef)
-        monkeypatch.undo()
+        ids_all, dist_all, counts_all = g_all.search(q, metric, 16, np.inf, ef)
         np.testing.assert_array_equal(ids, ids_all)
         np.testing.assert_array_equal(counts, counts_all)
 
@@ -599,11 +599,10 @@ def test_seeded_replica_search_picks_what_the_entry_points_pick():
     # only as wide as the candidates it returns (16, against 24 from the entry points)
     from types import SimpleNamespace
 
-    from vindex.config import IndexConfig
-    from vindex.heads import EXACT_MAX_HEADS, HeadGraph
+    from vindex.heads import HeadGraph
     from vindex.writes import select_replicas
     rng = np.random.default_rng(5)
-    n, dim = EXACT_MAX_HEADS + 904, 32  # past the exact path: the graph is walked
+    n, dim = IndexConfig.exact_search_max_heads + 904, 32  # past the exact path: the graph is walked
     centers = rng.standard_normal((64, dim)).astype(np.float32) * 2
     heads = (centers[rng.integers(0, 64, n)] + rng.standard_normal((n, dim))).astype(np.float32)
     g = HeadGraph.build(heads, 32, 1.2, 128, 256, seed=1)
@@ -621,9 +620,9 @@ def test_seeded_replica_search_picks_what_the_entry_points_pick():
 def test_heads_inserted_from_a_nearby_head_link_as_from_the_entry_points():
     # a split's children start their neighbour search at the head they split, not at the
     # entry points: the same out-edges, found with a fraction of the beam's work
-    from vindex.heads import EXACT_MAX_HEADS, HeadGraph
+    from vindex.heads import HeadGraph
     rng = np.random.default_rng(6)
-    n, dim, k = EXACT_MAX_HEADS + 904, 32, 300
+    n, dim, k = IndexConfig.exact_search_max_heads + 904, 32, 300
     centers = rng.standard_normal((64, dim)).astype(np.float32) * 2
     heads = (centers[rng.integers(0, 64, n)] + rng.standard_normal((n, dim))).astype(np.float32)
     src = rng.choice(n, k, replace=False)
@@ -641,6 +640,23 @@ def test_heads_inserted_from_a_nearby_head_link_as_from_the_entry_points():
         assert np.mean(ids[:, 0] == exact) >= 0.97, near is None  # measured 1.0 either way
     same = np.mean([len(set(a[a >= 0]) & set(b[b >= 0])) / max(1, len(set(b[b >= 0]))) for a, b in zip(*rows)])
     assert same >= 0.95  # measured 1.0: the same rows
+
+
+def test_exact_head_search_bound_is_a_runtime_setting(tmp_path):
+    # exact_search_max_heads reaches the graph built, the empty graph created and the graph
+    # loaded when an index is reopened
+    import vindex
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2000, 8)).astype(np.float32)
+    with vindex.Index.build(tmp_path / "i", x, posting_limit_bytes=1024, exact_search_max_heads=0) as idx:
+        assert idx._engine.state.graph.exact_max_heads == 0
+        walked = idx.search(x[:20], 5, max_postings=4096, eps=np.inf, ef=4096)
+    with vindex.Index.open(tmp_path / "i", exact_search_max_heads=4096) as idx:
+        assert idx._engine.state.graph.exact_max_heads == 4096
+        exact = idx.search(x[:20], 5, max_postings=4096, eps=np.inf, ef=4096)
+    np.testing.assert_array_equal(walked.ids, exact.ids)  # every posting visited either way
+    with vindex.Index.create(tmp_path / "e", dim=8, exact_search_max_heads=3) as idx:
+        assert idx._engine.state.graph.exact_max_heads == 3
 
 
 def test_entry_points_repeat_for_the_same_changes():

@@ -144,7 +144,8 @@ def build_postings(x: np.ndarray, vids: np.ndarray, config: IndexConfig, show: b
 
     step(f"building head graph over {used.size} heads", show)
     graph = HeadGraph.build(cl.heads[used], config.graph_degree, config.graph_alpha,
-                            config.graph_entries, config.graph_build_ef, config.seed)
+                            config.graph_entries, config.graph_build_ef, config.seed,
+                            exact_max_heads=config.exact_search_max_heads)
     primary_head = new_id[reps[:, 0]]
     counts_p = np.bincount(primary_head, minlength=used.size)
     sums = np.bincount(primary_head, weights=reps_d[:, 0], minlength=used.size)

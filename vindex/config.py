@@ -18,10 +18,19 @@ STORES = ("rocksdb", "blocks", "memory")
 DURABILITY = ("process", "fsync")
 IO_SCHEDULERS = ("sla", "fifo")
 
+#: A search of at most this many queries is a small (interactive) one: a caller waits on its
+#: latency, so its p99 is what ``interactive_p99_ms`` targets (the pacers' samples, the
+#: searches writers yield to), the server coalesces such requests into one batch, and it is
+#: short enough to run its kernels holding the GIL (a release costs a hand-off that, beside a
+#: thread running Python, can take a whole switch interval: more than such a search spends in
+#: the kernels).
+SMALL_SEARCH_QUERIES = 16
+
 #: Fields that may differ between the process that built an index and one that reopens it.
 RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebalance_batch",
                             "checkpoint_every", "scrub_ratio", "durability",
-                            "io_scheduler", "interactive_p99_ms"})
+                            "io_scheduler", "interactive_p99_ms", "read_p99_ms",
+                            "exact_search_max_heads"})
 
 
 @dataclass(frozen=True)
@@ -47,16 +56,14 @@ class IndexConfig:
     """RNG rule: accept head c only if ``rng_factor * D(c, c') > D(x, c)`` for each accepted c'."""
     insert_candidates: int = 16
     """Nearest heads examined when an insert or a reassignment chooses postings (a bulk build
-    examines ``replica_candidates``); fewer is faster, the RNG rule rarely reaches far (16
-    instead of 32 drained 200k + 200k upserts in 10 s instead of 12 with recall within 0.003,
-    and left the 1M churn benchmark's gaps to a fresh build where they were)."""
+    examines ``replica_candidates``); fewer is faster, and the RNG rule rarely reaches past
+    the first few, so 16 costs no recall on the churn benchmark (docs/params.md)."""
 
     insert_ef: int = 24
     """Beam width of an upsert's search for its ``insert_candidates`` (from the shared entry
-    points). On 1M, 24 instead of 32 cut the search's time per vector from 25 to 19 us and found
-    the nearest head for 99.75% of vectors instead of 99.78%; the churn benchmark's gaps to a
-    fresh build stayed where they were. A reassignment starts at the posting the vector sits in
-    and uses a beam as wide as its candidates."""
+    points): wider finds the nearest head a little more often and costs time (docs/params.md).
+    A reassignment starts at the posting the vector sits in and uses a beam as wide as its
+    candidates."""
 
     new_head_factor: float = 2.0
     """An insert farther from its nearest head than this many times that head's radius (the
@@ -68,26 +75,21 @@ class IndexConfig:
     """Split, merge, reassign and garbage-collect postings in the background. Off: appends only."""
     merge_fraction: float = 0.4
     """A posting with fewer live vectors than this fraction of the budget is merged away.
-    0.4 leaves a churned index with as many heads as a fresh build of its live set, so a
-    fixed ``max_postings`` scans as many vectors (1M churn benchmark at 14:32: 27,728 heads against
-    27,962 and 884 vectors per query against 879 at max_postings 16; 0.35 left 30,067
-    heads and 800 vectors, 0.42 left 26,897 and 918)."""
+    0.4 leaves a churned index with about as many heads as a fresh build of its live set, so
+    a fixed ``max_postings`` scans as many vectors (docs/params.md)."""
     gc_fraction: float = 0.1
     """A posting is rewritten without garbage once this fraction of it is known dead. The
     rewrite is also when a shrinking posting is found small enough to merge, so under deletes
-    this keeps postings as full as a fresh build's (0.25 left the churn benchmark's postings
-    with 18% garbage and 15% fewer live vectors, and 0.015 less recall at max_postings 16)."""
+    this keeps postings as full as a fresh build's (higher values leave them emptier: more
+    garbage, fewer live vectors, less recall at a fixed ``max_postings``)."""
     reassign_neighbors: int = 64
     """Postings around a split whose vectors are checked for reassignment."""
     scrub_ratio: float = 1.0
     """Stored vectors re-checked in the background per vector written: each is moved if its
     posting is no longer among the ones the RNG rule picks (0: only SPFresh's reassignment
     around splits). A record whose posting's graph neighbourhood vouches for it costs a read
-    and ~35 distances; about 1 in 6 gets replica selection again. On 1M (2026-12-04, single
-    runs of bench.placement, the churn benchmark's rounds): recall@10 at max_postings 16 was
-    0.0038 below a fresh build with 1.0, -0.0006 with 2.0, and 0.0065 with the default before
-    (0.5, every record fully checked); a 500k-upsert drain spent 3.1-3.5 s scrubbing at 1.0,
-    6.8-7.8 s at 2.0 and 3.8-4.2 s with the default before."""
+    and ~35 distances; about 1 in 6 gets replica selection again. More closes more of the
+    recall gap to a fresh build and costs drain time in proportion (docs/params.md)."""
     split_balance: float = 1.0
     """Size penalty of the balanced k-means that splits a posting (0: plain k-means)."""
     rebalance_batch: int = 256
@@ -104,6 +106,10 @@ class IndexConfig:
     """DiskANN pruning factor; > 1 keeps longer edges for faster navigation."""
     graph_entries: int = 256
     """Entry points (a sample of heads) every head search starts from."""
+    exact_search_max_heads: int = 4096
+    """(runtime) Up to this many heads, a search scores every head (one BLAS product for a
+    batch) instead of walking the graph: exact, and cheaper below a few thousand heads.
+    0 always walks the graph."""
 
     # --- clustering ------------------------------------------------------------------------
     kmeans_iters: int = 12
@@ -122,7 +128,7 @@ class IndexConfig:
     """Query-aware pruning: visit head j only if ``D(q,c_j) <= (1+eps) * D(q,c_1)``."""
     search_ef: int = 0
     """Beam width of the head-graph search; 0 means ``max(max_postings, 32)`` (a wider beam
-    finds slightly better heads: +0.003 recall@10 at 2x the graph cost on 1M x 128)."""
+    finds slightly better heads at more graph cost)."""
 
     # --- storage ---------------------------------------------------------------------------
     store: str = "rocksdb"
@@ -140,8 +146,16 @@ class IndexConfig:
     time shrinking while the p99 of small searches misses ``interactive_p99_ms`` (docs/sla.md).
     ``fifo``: one shared queue, no pacing (for comparison)."""
     interactive_p99_ms: float = 5.0
-    """(runtime) The search latency target (p99, batches of up to 16 queries) background
-    work and writes are paced to."""
+    """(runtime) The search latency target (p99 of whole searches of up to
+    ``SMALL_SEARCH_QUERIES`` queries) background work and writes are paced to; a commit waits
+    at most this long for running searches."""
+    read_p99_ms: float = 2.0
+    """(runtime) The latency target of one interactive storage read (p99 from queued to done:
+    a multi-get, or a search's block reads), a part of a search's time. The store's I/O
+    scheduler paces its background reads to it, and a disk request of another class waits at
+    most this long for running interactive reads to end: one still running then has missed
+    its target anyway, and longer waits would only cost the writer. The default is about twice
+    a one-query search's read p99 on a cloud VM's SSD with nothing else running."""
     durability: str = "process"
     """(runtime) When a write is acknowledged. ``process``: it is in the store's write-ahead
     log, so it survives the process being killed (not a power loss). ``fsync``: the log is
@@ -194,6 +208,8 @@ class IndexConfig:
         need(self.durability in DURABILITY, "durability", f"one of {DURABILITY}")
         need(self.io_scheduler in IO_SCHEDULERS, "io_scheduler", f"one of {IO_SCHEDULERS}")
         need(self.interactive_p99_ms > 0, "interactive_p99_ms", "> 0")
+        need(self.read_p99_ms > 0, "read_p99_ms", "> 0")
+        need(0 <= self.exact_search_max_heads <= 1 << 30, "exact_search_max_heads", "0..2^30")
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "IndexConfig":

@@ -12,19 +12,19 @@ import numpy as np
 
 from vindex import native
 
-#: Up to this many heads, a search scores every head with one BLAS product instead of walking
-#: the graph: cheaper below a few thousand heads, and exact.
-EXACT_MAX_HEADS = 4096
+from .config import IndexConfig
+
 #: Shared entry points a seeded search (see ``HeadGraph.search``) also starts from.
 SEED_ENTRIES = 4
 #: Queries per BLAS block in exact head search (bounds the distance matrix).
 EXACT_BLOCK = 1024
 #: Up to this many queries, exact head search runs in a numba kernel instead of BLAS.
 EXACT_KERNEL_MAX_QUERIES = 8
-#: From this many queries, a graph search scores the shared entry points in one pass and
-#: starts each query's beam from its nearest ones only (see ``_nearest_entries``); below it
-#: copying the entry points' vectors costs more than it saves (at a beam of 64, the search's
-#: default, the two cross at ~32 queries).
+#: Default of ``HeadGraph(nearest_entries_min_queries=)``: from this many queries, a graph
+#: search scores the shared entry points in one pass and starts each query's beam from its
+#: nearest ones only (see ``_nearest_entries``); below it copying the entry points' vectors
+#: costs more than it saves (at a beam of 64, the search's default, the two cross at ~32
+#: queries).
 NEAREST_ENTRIES_MIN_QUERIES = 64
 
 
@@ -70,11 +70,11 @@ def _nearest_entries(queries: np.ndarray, vectors: np.ndarray, entries: np.ndarr
 
     A beam of width ``k`` started from every entry point keeps just the ``k`` nearest and
     never takes another entry point later (the beam only gets closer), so starting from those
-    ``k`` finds the same heads. The beam scores the 256 entry points one at a time from
-    scattered rows, 40% of the ~630 distances of an upsert's replica search on 1M; a kernel
-    scoring them four at a time from one contiguous copy takes 4.3 us a query. (Not BLAS: at
-    its default of a thread per core, called from the upsert pool's threads, it oversubscribed
-    the cores and doubled the search's CPU time.)"""
+    ``k`` finds the same heads. The beam would score the entry points one at a time from
+    scattered rows, a large share of an upsert's replica search; a kernel scores them four at
+    a time from one contiguous copy instead. (Not BLAS: at its default of a thread per core,
+    called from the upsert pool's threads, it oversubscribed the cores and doubled the
+    search's CPU time.)"""
     out = np.empty((queries.shape[0], k), dtype=np.int32)
     native.graph.nearest_entries(queries, np.ascontiguousarray(vectors[entries]), entries, metric, k, out)
     return out
@@ -91,13 +91,22 @@ class _Arrays(NamedTuple):
 
 
 class HeadGraph:
-    """Head vectors, liveness and the navigation graph."""
+    """Head vectors, liveness and the navigation graph.
 
-    def __init__(self, dim: int, degree: int, alpha: float, n_entries: int, capacity: int = 64):
+    ``exact_max_heads``: up to this many live heads a search scores them all instead of
+    walking the graph (``IndexConfig.exact_search_max_heads``). ``nearest_entries_min_queries``:
+    from this many queries a graph search starts each query from its nearest entry points
+    (``NEAREST_ENTRIES_MIN_QUERIES``)."""
+
+    def __init__(self, dim: int, degree: int, alpha: float, n_entries: int, capacity: int = 64, *,
+                 exact_max_heads: int = IndexConfig.exact_search_max_heads,
+                 nearest_entries_min_queries: int = NEAREST_ENTRIES_MIN_QUERIES):
         capacity = max(capacity, 16)
         self.dim = dim
         self.alpha2 = float(alpha) ** 2  # graph geometry is squared L2
         self.n_entries = n_entries
+        self.exact_max_heads = exact_max_heads
+        self.nearest_entries_min_queries = nearest_entries_min_queries
         self.arrays_ = _Arrays(np.zeros((capacity, dim), dtype=np.float32),
                                np.full((capacity, degree), -1, dtype=np.int32),
                                np.zeros(capacity, dtype=np.bool_))
@@ -140,7 +149,7 @@ class HeadGraph:
 
         ``seeds`` (one head per query, -1 for none): a head known to lie near the query (the
         posting a stored vector sits in), which starts its search instead of the shared entry
-        points (a replica search on 1M x 128 took 31% less time, with the same postings). Only
+        points (a replica search then takes less time and finds the same postings). Only
         the rebalancer, which alone retires heads, passes seeds; a dead one falls back to the
         shared entries. Inserts keep those: a new region is found through the entry points
         sampled from it (32 of them instead of 256 cost recall under drift)."""
@@ -152,7 +161,7 @@ class HeadGraph:
             dists.fill(np.inf)
             return ids, dists, np.zeros(nq, dtype=np.int32)
         arrays, entries = self.arrays_, self.entries
-        if self.n_alive <= EXACT_MAX_HEADS:
+        if self.n_alive <= self.exact_max_heads:
             return self._search_exact(arrays, queries, metric, m, eps, ids, dists, held)
         vectors, nbrs = arrays.vectors, arrays.nbrs
         entries = entries[entries < vectors.shape[0]]  # entries may be newer than ``arrays``
@@ -161,7 +170,7 @@ class HeadGraph:
         bd, bi, bx = s.beam_arrays(max(ef, m))
         if seeds is not None:
             starts = self._seed_rows(np.asarray(seeds, dtype=np.int64), entries)
-        elif nq >= NEAREST_ENTRIES_MIN_QUERIES and entries.shape[0] > bd.shape[0]:
+        elif nq >= self.nearest_entries_min_queries and entries.shape[0] > bd.shape[0]:
             starts = _nearest_entries(queries, vectors, entries, metric, bd.shape[0])
         else:
             starts = entries[None]
@@ -309,10 +318,12 @@ class HeadGraph:
     # --- bulk construction ----------------------------------------------------------------------
     @classmethod
     def build(cls, vectors: np.ndarray, degree: int, alpha: float, n_entries: int, ef: int,
-              seed: int) -> "HeadGraph":
+              seed: int, *, exact_max_heads: int = IndexConfig.exact_search_max_heads,
+              nearest_entries_min_queries: int = NEAREST_ENTRIES_MIN_QUERIES) -> "HeadGraph":
         """Graph over ``vectors`` by inserting them in a seeded random order."""
         n = vectors.shape[0]
-        g = cls(vectors.shape[1], degree, alpha, n_entries, capacity=n)
+        g = cls(vectors.shape[1], degree, alpha, n_entries, capacity=n, exact_max_heads=exact_max_heads,
+                nearest_entries_min_queries=nearest_entries_min_queries)
         g.vectors[:n] = vectors
         g.alive[:n] = True
         g.n = g.n_alive = n
@@ -343,7 +354,9 @@ class HeadGraph:
         return (scale > 0) & (d1 > factor * scale)
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], alpha: float) -> "HeadGraph":
+    def from_arrays(cls, arrays: dict[str, np.ndarray], alpha: float, *,
+                    exact_max_heads: int = IndexConfig.exact_search_max_heads,
+                    nearest_entries_min_queries: int = NEAREST_ENTRIES_MIN_QUERIES) -> "HeadGraph":
         """A graph over loaded arrays, used in place (writes grow them by replacement)."""
         vectors, nbrs = arrays["head_vectors"], arrays["head_nbrs"]
         n, dim = vectors.shape
@@ -351,6 +364,8 @@ class HeadGraph:
         g.dim = dim
         g.alpha2 = float(alpha) ** 2
         g.n_entries = int(arrays["head_entries"].shape[0])
+        g.exact_max_heads = exact_max_heads
+        g.nearest_entries_min_queries = nearest_entries_min_queries
         g.arrays_ = _Arrays(np.require(vectors, np.float32, ["C", "W"]),
                             np.require(nbrs, np.int32, ["C", "W"]),
                             np.require(arrays["head_alive"], np.bool_, ["C", "W"]))

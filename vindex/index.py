@@ -13,12 +13,12 @@ import numpy as np
 
 from . import checkpoint, layout, oplog, validation, writes
 from .build import build_postings
-from .config import IndexConfig, check_metric, record_bytes
+from .config import SMALL_SEARCH_QUERIES, IndexConfig, check_metric, record_bytes
 from .engine import Engine
 from .errors import CorruptionError, IdExistsError, IndexClosedError, InvalidInputError, preview
 from .heads import METRIC_CODES, HeadGraph
 from .idmap import IdMap
-from .iosched import BackgroundPacer, yielding_pool
+from .iosched import IOTargets, yielding_pool
 from .progress import enabled
 from .results import SearchResult
 from .rebalance import FOLD_FRAGMENTS, STALE_ARRAYS, Rebalancer
@@ -120,7 +120,8 @@ class Index:
         try:
             manifest = layout.Manifest(dim, metric, cfg)
             store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(dim),
-                               cache_bytes=cfg.cache_bytes, create=True, io_scheduler=cfg.io_scheduler)
+                               cache_bytes=cfg.cache_bytes, create=True, io_scheduler=cfg.io_scheduler,
+                               targets=IOTargets.of(cfg))
             idmap = IdMap(capacity=max(16, x.shape[0]))
             stats: dict = {}
             if x.shape[0]:
@@ -131,7 +132,8 @@ class Index:
                 idmap.home[: x.shape[0]] = built.home
                 graph, stats = built.graph, built.stats
             else:
-                graph = HeadGraph(dim, cfg.graph_degree, cfg.graph_alpha, cfg.graph_entries)
+                graph = HeadGraph(dim, cfg.graph_degree, cfg.graph_alpha, cfg.graph_entries,
+                                  exact_max_heads=cfg.exact_search_max_heads)
             engine = Engine(path, manifest, store, State(idmap, graph), seq=0, build_stats=stats)
             engine.save_checkpoint()
             if cfg.store != "memory":
@@ -162,14 +164,18 @@ class Index:
         manifest = layout.read(path, runtime)
         cfg = manifest.config
         store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(manifest.dim),
-                           cache_bytes=cfg.cache_bytes, create=False, io_scheduler=cfg.io_scheduler)
+                           cache_bytes=cfg.cache_bytes, create=False, io_scheduler=cfg.io_scheduler,
+                           targets=IOTargets.of(cfg))
         try:
             seq = checkpoint.latest(path)
             if seq is None:
                 raise CorruptionError(f"{path}: index has no checkpoint")
             arrays, stats = checkpoint.load(path, seq)
-            graph = (HeadGraph.from_arrays(arrays, cfg.graph_alpha) if arrays["head_vectors"].shape[0]
-                     else HeadGraph(manifest.dim, cfg.graph_degree, cfg.graph_alpha, cfg.graph_entries))
+            exact = cfg.exact_search_max_heads
+            graph = (HeadGraph.from_arrays(arrays, cfg.graph_alpha, exact_max_heads=exact)
+                     if arrays["head_vectors"].shape[0]
+                     else HeadGraph(manifest.dim, cfg.graph_degree, cfg.graph_alpha, cfg.graph_entries,
+                                    exact_max_heads=exact))
             state = State(IdMap.from_arrays(arrays), graph, arrays.get("garbage"))
             engine = Engine(path, manifest, store, state, seq=seq, build_stats=stats)
             for log_seq, data in store.log_since(seq):
@@ -240,7 +246,7 @@ class Index:
         deadline = None if timeout is None else time.monotonic() + timeout
         # postings this search may still read stay in the store; writers yield to interactive ones
         if interactive is None:
-            interactive = q.shape[0] <= BackgroundPacer.SMALL_BATCH
+            interactive = q.shape[0] <= SMALL_SEARCH_QUERIES
         with eng.readers.search(interactive=bool(interactive)):
             ids, dists, work = run_search(q, k, graph=eng.state.graph, idmap=eng.state.idmap,
                                           store=eng.store, readers=eng.readers, metric=self._metric_code,

@@ -9,10 +9,10 @@ behind bulk or background work:
   reports a partial result;
 * ``update`` and ``background`` are served in arrival order; ``background`` is paced by a token
   bucket whose rate adapts to the interactive p99 latency (AIMD: halve on a miss, add a step
-  per window on target);
+  per window on target; the target is ``IOTargets.read_p99_s``);
 * per-tenant token buckets and bounded queues refuse work with ``ResourceExhaustedError``
   instead of buffering without bound;
-* a disk request of another class waits (up to ``YIELD_MAX_S``) to be issued while
+* a disk request of another class waits (up to ``IOTargets.yield_max_s``) to be issued while
   interactive reads are in flight (``IOScheduler.yield_to_interactive``): the disk serves what
   it was given in order, so a search's reads wait behind whatever else went in first.
 
@@ -32,19 +32,34 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .config import IO_SCHEDULERS
+from .config import IO_SCHEDULERS, SMALL_SEARCH_QUERIES, IndexConfig
 from .errors import DeadlineExpired, ResourceExhaustedError
 
 #: Nice value of threads doing background or bulk-update work under ``sla``: on a machine with
 #: few cores the queue a search waits in is the CPU as much as the disk.
 LOW_PRIORITY_NICE = 10
 
-#: Longest a disk request of the ``update`` or ``background`` class waits to be issued while
-#: interactive reads are in flight. It bounds what writes and rebalancing lose to searches: one
-#: wait per request (a write piece, a batch of reads, a sync), even beside searches reading
-#: back to back. 2 ms covers a one-query search's read on this VM's disk (0.6 ms median, 1.2
-#: ms p99 alone); 5 ms bought nothing more (docs/sla.md, 2026-12-05).
-YIELD_MAX_S = 0.002
+
+@dataclass(frozen=True)
+class IOTargets:
+    """The latencies a store's scheduler works to, both from ``IndexConfig.read_p99_ms``
+    (the defaults are that field's).
+
+    ``read_p99_s``: the p99 of interactive requests (queued to done) that the background
+    pacing adapts to. ``yield_max_s``: the longest a disk request of the ``update`` or
+    ``background`` class waits to be issued while interactive reads are in flight. It bounds
+    what writes and rebalancing lose to searches: one wait per request (a write piece, a batch
+    of reads, a sync), even beside searches reading back to back. A read still running after
+    its target has missed it anyway, so waiting longer would only cost the writer; a longer
+    bound bought nothing more (docs/sla.md)."""
+
+    read_p99_s: float = IndexConfig.read_p99_ms / 1000
+    yield_max_s: float = IndexConfig.read_p99_ms / 1000
+
+    @classmethod
+    def of(cls, config: IndexConfig) -> "IOTargets":
+        """The targets ``config`` sets."""
+        return cls(read_p99_s=config.read_p99_ms / 1000, yield_max_s=config.read_p99_ms / 1000)
 
 
 class IOClass(str, enum.Enum):
@@ -259,17 +274,19 @@ class Queues:
 class IOScheduler:
     """Runs storage requests on per-class worker threads (``sla``) or one shared pool
     (``fifo``). The work itself (a RocksDB multi-get, a preadv) must release the GIL for the
-    classes to run side by side."""
+    classes to run side by side. ``targets``: the interactive read latency the background
+    pacing adapts to and the bound on yielding to interactive reads (``IOTargets``)."""
 
     def __init__(self, mode: str = "sla", *, workers: dict[IOClass, int] | None = None,
-                 queue_limit: int = 4096, p99_target_s: float = 0.002,
+                 queue_limit: int = 4096, targets: IOTargets = IOTargets(),
                  background_rate: float = 2000.0, background_burst: float = 64.0,
                  tenant_rate: float = float("inf"), tenant_burst: float = 1024.0,
                  clock: Callable[[], float] = time.monotonic):
         self.clock = clock
         now = clock()
         self.bucket = TokenBucket(background_rate, background_burst, now)
-        self.aimd = Aimd(self.bucket, p99_target_s, step=background_rate / 10, floor=background_rate / 100,
+        self.yield_max_s = targets.yield_max_s
+        self.aimd = Aimd(self.bucket, targets.read_p99_s, step=background_rate / 10, floor=background_rate / 100,
                          ceiling=background_rate * 10, window=0.25, now=now)
         self.queues = Queues(mode, limit=queue_limit, background=self.bucket if mode == "sla" else None)
         self.mode = mode
@@ -376,7 +393,7 @@ class IOScheduler:
 
     def yield_to_interactive(self) -> None:
         """Before a disk request of another class (a write, a sync, a batch of reads): while
-        interactive requests are running, wait until they end, at most ``YIELD_MAX_S``.
+        interactive requests are running, wait until they end, at most ``yield_max_s``.
 
         The disk (here one queue, served in order) would put a search's reads behind whatever
         was issued before them; held back this way they go first, while a request that is
@@ -386,7 +403,7 @@ class IOScheduler:
         with self._cv:
             if self._busy[IOClass.INTERACTIVE]:
                 self.yields += 1
-                self._quiet.wait_for(lambda: not self._busy[IOClass.INTERACTIVE], YIELD_MAX_S)
+                self._quiet.wait_for(lambda: not self._busy[IOClass.INTERACTIVE], self.yield_max_s)
 
     def _finished(self, io: IOClass, key: IOClass | None, submitted: float) -> None:
         with self._cv:
@@ -470,9 +487,6 @@ class BackgroundPacer:
     The caller does the pausing (``charge`` says how long), so it can wake early to stop.
     ``mode="fifo"`` (no pacing) is for comparison."""
 
-    #: Searches of at most this many queries count as interactive latency samples.
-    SMALL_BATCH = 16
-
     def __init__(self, mode: str, target_p99_s: float, *, clock: Callable[[], float] = time.monotonic,
                  window: float = 0.25, floor: float = 0.05):
         check_mode(mode)
@@ -484,8 +498,9 @@ class BackgroundPacer:
         self.paused_s = 0.0
 
     def observe(self, seconds: float, n_queries: int) -> None:
-        """A search of ``n_queries`` took ``seconds``."""
-        if self.mode == "sla" and n_queries <= self.SMALL_BATCH:
+        """A search of ``n_queries`` took ``seconds``; small searches (``SMALL_SEARCH_QUERIES``)
+        are the samples."""
+        if self.mode == "sla" and n_queries <= SMALL_SEARCH_QUERIES:
             with self._lock:
                 self.aimd.observe(seconds, self.clock())
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from vindex import native
 
+from .config import SMALL_SEARCH_QUERIES
 from .heads import HeadGraph, scratch
 from .idmap import IdMap
 from .errors import DeadlineExpired
@@ -18,12 +19,6 @@ from .storage import IOClass, PostingBatch, PostingStore, records
 
 #: Postings per store read; bounds the bytes held at once (~25 KB each by default).
 READ_CHUNK = 2048
-
-
-#: Searches of at most this many queries call the kernels through ``native.held``, keeping
-#: the GIL: a release costs a hand-off that, beside a thread running Python, can take a whole
-#: switch interval, more than such a search spends in the kernels.
-HELD_MAX_QUERIES = 16
 
 #: Head selections a search makes before it accepts one that heads created meanwhile may
 #: have outdated.
@@ -59,7 +54,7 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings,
     heap_i = np.empty((nq, k), dtype=np.int64)
     sizes = np.zeros(nq, dtype=np.int32)
     generation = graph.generation
-    held = nq <= HELD_MAX_QUERIES
+    held = nq <= SMALL_SEARCH_QUERIES  # small searches keep the GIL (``native.held``)
     kernels = native.held if held else native.scan
     head_ids, _, counts = graph.search(queries, metric, max_postings, eps, ef, held=held)
     pids, q_ptr, q_idx = kernels.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))

@@ -7,6 +7,7 @@ last checkpoint plus the log. Every call names the I/O class it serves.
 """
 from __future__ import annotations
 
+from ..iosched import IOTargets
 from .base import Change, InPlace, IOClass, PostingBatch, PostingStore
 from .memory import MemoryStore
 
@@ -14,17 +15,18 @@ __all__ = ["Change", "InPlace", "IOClass", "PostingBatch", "PostingStore", "Memo
 
 
 def open_store(kind: str, path: str, *, record_size: int, cache_bytes: int, create: bool,
-               io_scheduler: str = "sla") -> PostingStore:
+               io_scheduler: str = "sla", targets: IOTargets = IOTargets()) -> PostingStore:
     """Open (or create) the store of an index directory. ``io_scheduler``: ``sla`` (a queue
-    and workers per I/O class) or ``fifo`` (one shared queue)."""
+    and workers per I/O class) or ``fifo`` (one shared queue); ``targets``: the latencies its
+    scheduler works to."""
     if kind == "memory":
         return MemoryStore(record_size)
     if kind == "blocks":
         from .blocks import BlockStore
 
         return BlockStore(path, record_size=record_size, cache_bytes=cache_bytes, create=create,
-                          io_scheduler=io_scheduler)
+                          io_scheduler=io_scheduler, targets=targets)
     from .rocks import RocksStore  # rocksdict loads a large shared library; only when used
 
     return RocksStore(path, record_size=record_size, cache_bytes=cache_bytes, create=create,
-                      io_scheduler=io_scheduler)
+                      io_scheduler=io_scheduler, targets=targets)

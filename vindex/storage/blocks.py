@@ -84,7 +84,7 @@ from vindex import native  # its kernels load on first use: numba loads when the
 
 from ..errors import CorruptionError, IndexLockedError, StorageError
 from ..files import fsync_dir, write_atomic
-from ..iosched import CLASSES, IOScheduler, check_mode
+from ..iosched import CLASSES, IOScheduler, IOTargets, check_mode
 from ..readers import Readers
 from .base import Change, IOClass, PostingBatch
 from .blockmap import (BLOCK, EMPTY, LOG_HEAD, LOG_MAGIC, OLD_FORMAT, OLD_MAGICS, BlockMap, Entries, Entry,
@@ -237,7 +237,8 @@ class BlockStore:
     """
 
     def __init__(self, path: str, *, record_size: int, cache_bytes: int = 0, create: bool,
-                 io_scheduler: str = "sla", engine: str | None = None, direct: bool | None = None):
+                 io_scheduler: str = "sla", engine: str | None = None, direct: bool | None = None,
+                 targets: IOTargets = IOTargets()):
         check_mode(io_scheduler)
         if not os.path.isdir(path):
             if not create:
@@ -254,7 +255,7 @@ class BlockStore:
             self._open_data(direct)
             self._map = BlockMap(record_size)
             self._load(create)
-            self._sched, self.engine = self._scheduler(engine)
+            self._sched, self.engine = self._scheduler(engine, targets)
         except BaseException:
             self._release_files()
             raise
@@ -429,19 +430,19 @@ class BlockStore:
             if name.endswith(".tmp") or (stem in ("map", "log") and suffix.isdigit() and int(suffix) != gen):
                 os.unlink(self._file(name))
 
-    def _scheduler(self, engine: str | None) -> tuple[IOScheduler, str]:
+    def _scheduler(self, engine: str | None, targets: IOTargets) -> tuple[IOScheduler, str]:
         if engine is None:
             engine = "preadv" if os.environ.get("VINDEX_NO_URING") == "1" else "auto"
         if engine not in ("auto", "io_uring", "preadv"):
             raise ValueError(f"engine: expected 'io_uring', 'preadv' or None, got {engine!r}")
         if engine != "preadv":
             try:
-                return RingScheduler(self.mode), "io_uring"
+                return RingScheduler(self.mode, targets=targets), "io_uring"
             except OSError as exc:
                 if engine == "io_uring":
                     raise
                 log.info("block store %s: io_uring unavailable (%s); using preadv workers", self.path, exc)
-        return IOScheduler(self.mode), "preadv"
+        return IOScheduler(self.mode, targets=targets), "preadv"
 
     # --- reads --------------------------------------------------------------------------------
     def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,

@@ -43,7 +43,7 @@ from vindex import native
 from vindex.native.kept_table import CHUNKS_MASK as _CHUNKS_MASK
 
 from ..errors import CorruptionError, IndexLockedError, StorageError
-from ..iosched import IOScheduler
+from ..iosched import IOScheduler, IOTargets
 from .base import Change, InPlace, IOClass, PostingBatch, ReadBuffers
 from .directory import Lengths
 from .kept import GEN, ROWS, SEQ, SPAN, START, KeptPostings
@@ -162,7 +162,7 @@ class RocksStore:
     """Posting store on RocksDB."""
 
     def __init__(self, path: str, *, record_size: int, cache_bytes: int, create: bool,
-                 io_scheduler: str = "sla"):
+                 io_scheduler: str = "sla", targets: IOTargets = IOTargets()):
         self.record_size = record_size
         self.path = path
         self._cache = Cache(max(cache_bytes, 1 << 20))
@@ -204,7 +204,7 @@ class RocksStore:
         self._load_directory()
         self._seq = self._last_seq()
         self._buffers = ReadBuffers()
-        self._io = IOScheduler(io_scheduler)
+        self._io = IOScheduler(io_scheduler, targets=targets)
         self.reads = 0
         self.read_bytes = 0
 
