@@ -21,9 +21,10 @@ from conftest import wait_until
 
 from vindex.errors import CorruptionError, IndexLockedError, StorageError
 from vindex.errors import DeadlineExpired
-from vindex.storage import Change, IOClass, MemoryStore, blockmap, blocks
+from vindex.storage import Change, IOClass, MemoryStore, blockmap, blockplan, blocks, diskio
 from vindex.storage.blockmap import BLOCK, BlockMap, FormatError
 from vindex.storage.blocks import BlockStore
+from vindex.storage.datafile import DataFile
 
 RS = 24  # does not divide 4096: records straddle blocks
 
@@ -479,21 +480,20 @@ def test_power_loss_cuts_the_log_before_commits_whose_data_was_lost(tmp_path, ca
 
 def test_close_says_the_log_is_synced_and_big_writes_sync_on_their_own(tmp_path, monkeypatch):
     """After a close, opening reads nothing back (the last record claims every commit synced);
-    a store that has written ``SYNC_EVERY_BLOCKS`` unsynced blocks syncs and the next record
+    a store that has written ``sync_every_blocks`` unsynced blocks syncs and the next record
     claims it, which bounds what an open after a crash reads back."""
     s = open_store(tmp_path / "s")
     s.commit(Change(appends={0: recs(range(500))}, log=b"a"), IOClass.UPDATE)
     s.close()
     checked = []
-    real = BlockStore._unwritten
-    monkeypatch.setattr(BlockStore, "_unwritten", lambda self, b, sums: checked.append(b.size) or real(self, b, sums))
-    s = open_store(tmp_path / "s", create=False)
+    real = DataFile.unwritten
+    monkeypatch.setattr(DataFile, "unwritten", lambda self, b, sums: checked.append(b.size) or real(self, b, sums))
+    s = open_store(tmp_path / "s", create=False, sync_every_blocks=8)
     assert checked == [0]
-    monkeypatch.setattr(blocks, "SYNC_EVERY_BLOCKS", 8)
     s.commit(Change(appends={1: recs(range(100))}, log=b"b"), IOClass.UPDATE)  # 1 block: no sync
-    assert s._synced_lsn < s._lsn
+    assert s._log.synced_lsn < s._log.lsn
     s.commit(Change(appends={2: recs(range(2000))}, log=b"c"), IOClass.UPDATE)  # 12 blocks
-    assert s._synced_lsn == s._lsn
+    assert s._log.synced_lsn == s._log.lsn
     s.commit(Change(appends={3: recs([1])}, log=b"d"), IOClass.UPDATE)  # its record claims c synced
     copy = _crash_image(tmp_path, tmp_path / "s", "copy")
     s.close()
@@ -600,10 +600,10 @@ def test_checksum_cost_of_a_64_posting_read(tmp_path, engine, monkeypatch, capsy
     pids = np.arange(64)
     blocks_ = np.concatenate([s._map.get(p).blocks for p in pids.tolist()])
     sums = np.concatenate([s._map.get(p).sums for p in pids.tolist()])
-    verify = BlockStore._verify
+    verify = blocks.verify
 
     def timed(check: bool) -> float:
-        monkeypatch.setattr(BlockStore, "_verify", verify if check else lambda *a: None)
+        monkeypatch.setattr(blocks, "verify", verify if check else lambda *a: None)
         t = time.perf_counter()
         batch = s.read(pids, IOClass.INTERACTIVE)
         took = time.perf_counter() - t
@@ -651,15 +651,15 @@ def test_failed_write_applies_nothing(tmp_path, monkeypatch, target):
     load(s, {0: list(range(200)), 1: [1]})
     assert s.commit(Change(appends={0: recs([500])}, log=b"a"), IOClass.UPDATE) == 1
     before, lengths, used = vids_of(s, [0, 1, 2]), s.lengths().copy(), map_blocks(s)
-    real = blocks._pwrite
+    real = diskio.pwrite
 
     def full(fd, data, offset):
-        if (fd == s._log_fd) == (target == "log"):
+        if (fd == s._log.fd) == (target == "log"):
             n = real(fd, bytes(data)[:10], offset) if target == "log" else 0  # a partial record
             raise OSError(errno.ENOSPC, f"No space left on device ({n} bytes written)")
         return real(fd, data, offset)
 
-    monkeypatch.setattr(blocks, "_pwrite", full)
+    monkeypatch.setattr(diskio, "pwrite", full)
     with pytest.raises(StorageError, match=f"{target}") as err:
         s.commit(Change(appends={0: recs([600]), 2: recs([7])}, replaces={1: recs([8])}, log=b"b"), IOClass.UPDATE)
     assert err.value.errno == errno.ENOSPC
@@ -853,7 +853,7 @@ def test_buffered_io_when_o_direct_is_refused(tmp_path, monkeypatch, caplog):
     def refuse(path):
         raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(blocks, "_open_direct", refuse)
+    monkeypatch.setattr(diskio, "open_direct", refuse)
     s = open_store(tmp_path / "s")
     assert s.stats()["direct_io"] is False
     assert "O_DIRECT refused" in caplog.text
@@ -867,7 +867,7 @@ def test_disk_scheduler_is_logged(tmp_path, caplog):
     caplog.set_level("INFO", logger="vindex.storage.blocks")
     open_store(tmp_path / "s").close()
     assert "I/O scheduler" in caplog.text
-    dev, sched = blocks.disk_scheduler(str(tmp_path))
+    dev, sched = diskio.disk_scheduler(str(tmp_path))
     assert dev and sched  # "unknown" where /sys does not say
 
 
@@ -931,7 +931,7 @@ def test_appends_keep_each_posting_in_few_runs(tmp_path, engine):
         for p, v in new.items():
             want[p] += v
         runs = s.fragments(np.arange(4))
-        assert runs.max() <= blocks.MAX_RUNS, runs
+        assert runs.max() <= blockplan.MAX_RUNS, runs
         folds += int(((runs == 1) & (before > 1)).sum())
         assert vids_of(s, list(range(4))) == [want[p] for p in range(4)]
     assert folds > 0  # the interleaved appends did scatter them, and folding gathered them
@@ -984,9 +984,8 @@ def test_kept_tails_stay_within_budget_and_never_serve_stale_bytes(tmp_path, mon
     """Random appends, replaces, drops and reloads of the same postings, with room for only a
     few kept tails: every read matches a model of the postings, the tails kept stay within
     the budget, and appends both found their tail in memory and read it back."""
-    monkeypatch.setattr(blocks, "TAIL_CACHE_BYTES", 4 * 1024)
     rng = np.random.default_rng(7)
-    s = open_store(tmp_path / "s")
+    s = open_store(tmp_path / "s", tail_cache_bytes=4 * 1024)
     want = {p: [p] * int(rng.integers(1, 300)) for p in range(12)}
     load(s, want)
     reads = _count_read_backs(s, monkeypatch)
@@ -1011,30 +1010,29 @@ def test_kept_tails_stay_within_budget_and_never_serve_stale_bytes(tmp_path, mon
             load(s, new)
             want.update(new)
         vid += 1000
-        assert s._tail_bytes == sum(len(t.data) for t in s._tails.values()) <= blocks.TAIL_CACHE_BYTES
+        assert s._tails.bytes == sum(len(t.data) for t in s._tails.tails.values()) <= 4 * 1024
         assert vids_of(s, list(range(12))) == [want[p] for p in range(12)], step
     assert s.stats()["tail_hits"] > 20 and len(reads) > 20
     s.close()
 
 
 def test_commits_write_in_pieces_issued_after_the_searches_reads(tmp_path, engine, monkeypatch):
-    """A commit's data goes to the disk in pieces of at most WRITE_PIECE, and none is issued
+    """A commit's data goes to the disk in pieces of at most ``write_piece`` bytes, and none is issued
     while an interactive read is running (IOScheduler.yield_to_interactive)."""
     from vindex import iosched
 
-    monkeypatch.setattr(blocks, "WRITE_PIECE", 2 * BLOCK)
     monkeypatch.setattr(iosched, "YIELD_MAX_S", 30.0)
-    s = open_store(tmp_path / "s", engine=engine)
+    s = open_store(tmp_path / "s", engine=engine, write_piece=2 * BLOCK)
     load(s, {0: [1]})
     sizes: list[int] = []
-    real = blocks._pwrite
+    real = diskio.pwrite
 
     def counting(fd, data, offset):
-        if fd == s._fd:
+        if fd == s._data.fd:
             sizes.append(len(data))
         return real(fd, data, offset)
 
-    monkeypatch.setattr(blocks, "_pwrite", counting)
+    monkeypatch.setattr(diskio, "pwrite", counting)
     release, started = threading.Event(), threading.Event()
     # an interactive request that holds its slot until released (the parent's run: io_uring's
     # would take it for a read job)
