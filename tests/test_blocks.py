@@ -21,10 +21,11 @@ from conftest import wait_until
 
 from vindex.errors import CorruptionError, IndexLockedError, StorageError
 from vindex.errors import DeadlineExpired
-from vindex.storage import Change, IOClass, MemoryStore, blockmap, blockplan, blocks, diskio
+from vindex.storage import Change, IOClass, MemoryStore, allocator, blockmap, blockplan, blocks, datafile, diskio
 from vindex.storage.blockmap import BLOCK, BlockMap, FormatError
 from vindex.storage.blocks import BlockStore
 from vindex.storage.datafile import DataFile
+from vindex.storage.tails import TailCache
 
 RS = 24  # does not divide 4096: records straddle blocks
 
@@ -893,6 +894,77 @@ def test_reclaim_needs_durable_release_and_drained_readers():
     assert m.free.tolist() == [1, 2] and m.held().tolist() == [7]
     assert m.reclaim(synced_lsn=6, drained=lambda b: True) == 1 and m.limbo_blocks == 0
 
+
+
+# --- the parts alone ---------------------------------------------------------------------------
+def test_tail_cache_keeps_the_newest_within_its_budget_and_only_for_the_same_block():
+    def entry(block: int, checksum: int) -> blockmap.Entry:
+        return blockmap.Entry(np.array([block], np.uint32), 1, np.array([checksum], np.uint32))
+
+    c = TailCache(3 * 100)
+    c.keep([(p, entry(10 + p, 7)) for p in range(4)], [bytes([p]) * 100 for p in range(4)])
+    assert list(c.tails) == [1, 2, 3] and c.bytes == 300  # the oldest went
+    assert c.get(2, np.array([12]), np.array([7])) == bytes([2]) * 100 and c.hits == 1
+    assert c.get(2, np.array([12]), np.array([8])) == b""  # rewritten since: another checksum
+    assert c.get(3, np.array([99]), np.array([7])) == b""  # moved to another block
+    c.keep([(1, None), (2, entry(12, 7))], [b"", b""])  # dropped; and now a full last block
+    assert list(c.tails) == [3] and c.bytes == 100 and c.hits == 1
+
+
+def test_plan_rereads_the_tail_or_takes_it_from_memory_and_releases_what_moves():
+    m = BlockMap(RS)
+    tail_bytes = 200 * RS - BLOCK  # posting 0: 200 records, a full block and a partly filled one
+    m.install({0: blockmap.Entry(np.array([0, 1], np.uint32), 200, np.array([5, 6], np.uint32)),
+               1: blockmap.Entry(np.array([2], np.uint32), 3, np.array([7], np.uint32))})
+    tails = TailCache(1 << 20)
+    change = Change(appends={0: recs([1, 2])}, replaces={1: recs([3])}, drops=[5])
+    work, released = blockplan.plan(change, m, tails, RS)
+    assert list(work) == [5, 1, 0] and released.tolist() == [2, 1]  # drops, replaces, appends
+    a = work[0]
+    assert a.kept.tolist() == [0] and a.records == 202 and a.pieces == [recs([1, 2])]
+    assert a.reread.tolist() == [1] and a.reread_bytes == tail_bytes and a.reread_sums.tolist() == [6]
+    assert work[1].kept.size == 0 and work[1].records == 1 and work[5].records == 0
+    tails.keep([(0, m.get(0))], [b"x" * tail_bytes])  # as the commit that wrote the tail does
+    work, released = blockplan.plan(Change(appends={0: recs([1])}), m, tails, RS)
+    assert work[0].reread.size == 0 and work[0].pieces == [b"x" * tail_bytes, recs([1])]
+    assert released.tolist() == [1]
+    with pytest.raises(ValueError, match=f"whole {RS}-byte records"):
+        blockplan.plan(Change(appends={0: b"abc"}), m, tails, RS)
+
+
+def test_data_file_grows_in_steps_writes_in_pieces_and_finds_blocks_that_never_landed(tmp_path):
+    d = DataFile(str(tmp_path / "data"), direct=False, write_piece=BLOCK)
+    d.grow(12)
+    assert d.capacity == datafile.GROW_MIN_BLOCKS  # at least 4 MiB at a time
+    pieces = [[recs(range(200))], [recs([1])]]
+    chosen = [np.array([4, 5], np.uint32), np.array([9], np.uint32)]
+    pauses: list[int] = []
+    sums, tails = d.write_postings(pieces, chosen, lambda: pauses.append(1))
+    assert len(pauses) == 3 and d.unsynced_blocks == 3  # one pwrite a block, each after a pause
+    assert tails == [recs(range(200))[BLOCK:], recs([1])]
+    blocks_ = np.array([4, 5, 9, d.capacity], np.uint32)
+    wrong = np.concatenate([sums[0], sums[1] ^ 1, [0]]).astype(np.uint32)
+    assert d.unwritten(blocks_, wrong).tolist() == [False, False, True, True]  # bad sum; past the end
+    d.close()
+
+
+def test_allocation_syncs_to_reuse_released_blocks_rather_than_grow(tmp_path):
+    m = BlockMap(RS)
+    d = DataFile(str(tmp_path / "data"), direct=False, write_piece=BLOCK)
+    old = allocator.allocate(m, d, [allocator.SYNC_TO_REUSE], sync=lambda: None, reclaim=lambda: 0)[0]
+    m.take(old)
+    m.release(old, lsn=1, boundary=0)  # all of it waits for the sync of record 1
+    synced = []
+
+    def sync() -> None:
+        synced.append(1)
+
+    def reclaim() -> int:
+        return m.reclaim(len(synced), lambda boundary: True)
+
+    assert allocator.allocate(m, d, [8], sync=sync, reclaim=reclaim)[0].tolist() == list(range(8))
+    assert synced == [1] and d.capacity == datafile.GROW_MIN_BLOCKS
+    d.close()
 
 def _entry(blocks, records):
     return blockmap.Entry(np.array(blocks, np.uint32), records, np.arange(len(blocks), dtype=np.uint32) + 7)
