@@ -50,6 +50,7 @@ class BlockLog:
         return os.path.join(self.path, name)
 
     def close(self) -> None:
+        """Close the log file (idempotent)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

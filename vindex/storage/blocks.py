@@ -81,7 +81,7 @@ from .base import Change, IOClass, PostingBatch
 from .blocklog import BlockLog
 from .blockmap import BLOCK, EMPTY, Entries, Entry, blocks_for
 from .blockplan import Rewrite, plan
-from .blockread import ThreadBuffers, ReadJob, corrupt, locate, read_table, verify
+from .blockread import ReadJob, ThreadBuffers, corrupt, locate, read_table, verify
 from .datafile import WRITE_PIECE, DataFile
 from .diskio import Aligned, disk_scheduler, failed
 from .tails import TAIL_CACHE_BYTES, TailCache

@@ -56,6 +56,7 @@ class DataFile:
         self._wbuf = Aligned(1 << 20)  # commit data (the store's write lock)
 
     def close(self) -> None:
+        """Close the file (idempotent); its data is as durable as the last sync left it."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
