@@ -21,9 +21,11 @@ from conftest import wait_until
 
 from vindex.errors import CorruptionError, IndexLockedError, StorageError
 from vindex.errors import DeadlineExpired
-from vindex.storage import Change, IOClass, MemoryStore, blockmap, blocks
+from vindex.storage import Change, IOClass, MemoryStore, allocator, blockmap, blockplan, blocks, datafile, diskio
 from vindex.storage.blockmap import BLOCK, BlockMap, FormatError
 from vindex.storage.blocks import BlockStore
+from vindex.storage.datafile import DataFile
+from vindex.storage.tails import TailCache
 
 RS = 24  # does not divide 4096: records straddle blocks
 
@@ -479,21 +481,20 @@ def test_power_loss_cuts_the_log_before_commits_whose_data_was_lost(tmp_path, ca
 
 def test_close_says_the_log_is_synced_and_big_writes_sync_on_their_own(tmp_path, monkeypatch):
     """After a close, opening reads nothing back (the last record claims every commit synced);
-    a store that has written ``SYNC_EVERY_BLOCKS`` unsynced blocks syncs and the next record
+    a store that has written ``sync_every_blocks`` unsynced blocks syncs and the next record
     claims it, which bounds what an open after a crash reads back."""
     s = open_store(tmp_path / "s")
     s.commit(Change(appends={0: recs(range(500))}, log=b"a"), IOClass.UPDATE)
     s.close()
     checked = []
-    real = BlockStore._unwritten
-    monkeypatch.setattr(BlockStore, "_unwritten", lambda self, b, sums: checked.append(b.size) or real(self, b, sums))
-    s = open_store(tmp_path / "s", create=False)
+    real = DataFile.unwritten
+    monkeypatch.setattr(DataFile, "unwritten", lambda self, b, sums: checked.append(b.size) or real(self, b, sums))
+    s = open_store(tmp_path / "s", create=False, sync_every_blocks=8)
     assert checked == [0]
-    monkeypatch.setattr(blocks, "SYNC_EVERY_BLOCKS", 8)
     s.commit(Change(appends={1: recs(range(100))}, log=b"b"), IOClass.UPDATE)  # 1 block: no sync
-    assert s._synced_lsn < s._lsn
+    assert s._log.synced_lsn < s._log.lsn
     s.commit(Change(appends={2: recs(range(2000))}, log=b"c"), IOClass.UPDATE)  # 12 blocks
-    assert s._synced_lsn == s._lsn
+    assert s._log.synced_lsn == s._log.lsn
     s.commit(Change(appends={3: recs([1])}, log=b"d"), IOClass.UPDATE)  # its record claims c synced
     copy = _crash_image(tmp_path, tmp_path / "s", "copy")
     s.close()
@@ -600,10 +601,10 @@ def test_checksum_cost_of_a_64_posting_read(tmp_path, engine, monkeypatch, capsy
     pids = np.arange(64)
     blocks_ = np.concatenate([s._map.get(p).blocks for p in pids.tolist()])
     sums = np.concatenate([s._map.get(p).sums for p in pids.tolist()])
-    verify = BlockStore._verify
+    verify = blocks.verify
 
     def timed(check: bool) -> float:
-        monkeypatch.setattr(BlockStore, "_verify", verify if check else lambda *a: None)
+        monkeypatch.setattr(blocks, "verify", verify if check else lambda *a: None)
         t = time.perf_counter()
         batch = s.read(pids, IOClass.INTERACTIVE)
         took = time.perf_counter() - t
@@ -651,15 +652,15 @@ def test_failed_write_applies_nothing(tmp_path, monkeypatch, target):
     load(s, {0: list(range(200)), 1: [1]})
     assert s.commit(Change(appends={0: recs([500])}, log=b"a"), IOClass.UPDATE) == 1
     before, lengths, used = vids_of(s, [0, 1, 2]), s.lengths().copy(), map_blocks(s)
-    real = blocks._pwrite
+    real = diskio.pwrite
 
     def full(fd, data, offset):
-        if (fd == s._log_fd) == (target == "log"):
+        if (fd == s._log.fd) == (target == "log"):
             n = real(fd, bytes(data)[:10], offset) if target == "log" else 0  # a partial record
             raise OSError(errno.ENOSPC, f"No space left on device ({n} bytes written)")
         return real(fd, data, offset)
 
-    monkeypatch.setattr(blocks, "_pwrite", full)
+    monkeypatch.setattr(diskio, "pwrite", full)
     with pytest.raises(StorageError, match=f"{target}") as err:
         s.commit(Change(appends={0: recs([600]), 2: recs([7])}, replaces={1: recs([8])}, log=b"b"), IOClass.UPDATE)
     assert err.value.errno == errno.ENOSPC
@@ -853,7 +854,7 @@ def test_buffered_io_when_o_direct_is_refused(tmp_path, monkeypatch, caplog):
     def refuse(path):
         raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(blocks, "_open_direct", refuse)
+    monkeypatch.setattr(diskio, "open_direct", refuse)
     s = open_store(tmp_path / "s")
     assert s.stats()["direct_io"] is False
     assert "O_DIRECT refused" in caplog.text
@@ -867,7 +868,7 @@ def test_disk_scheduler_is_logged(tmp_path, caplog):
     caplog.set_level("INFO", logger="vindex.storage.blocks")
     open_store(tmp_path / "s").close()
     assert "I/O scheduler" in caplog.text
-    dev, sched = blocks.disk_scheduler(str(tmp_path))
+    dev, sched = diskio.disk_scheduler(str(tmp_path))
     assert dev and sched  # "unknown" where /sys does not say
 
 
@@ -893,6 +894,77 @@ def test_reclaim_needs_durable_release_and_drained_readers():
     assert m.free.tolist() == [1, 2] and m.held().tolist() == [7]
     assert m.reclaim(synced_lsn=6, drained=lambda b: True) == 1 and m.limbo_blocks == 0
 
+
+
+# --- the parts alone ---------------------------------------------------------------------------
+def test_tail_cache_keeps_the_newest_within_its_budget_and_only_for_the_same_block():
+    def entry(block: int, checksum: int) -> blockmap.Entry:
+        return blockmap.Entry(np.array([block], np.uint32), 1, np.array([checksum], np.uint32))
+
+    c = TailCache(3 * 100)
+    c.keep([(p, entry(10 + p, 7)) for p in range(4)], [bytes([p]) * 100 for p in range(4)])
+    assert list(c.tails) == [1, 2, 3] and c.bytes == 300  # the oldest went
+    assert c.get(2, np.array([12]), np.array([7])) == bytes([2]) * 100 and c.hits == 1
+    assert c.get(2, np.array([12]), np.array([8])) == b""  # rewritten since: another checksum
+    assert c.get(3, np.array([99]), np.array([7])) == b""  # moved to another block
+    c.keep([(1, None), (2, entry(12, 7))], [b"", b""])  # dropped; and now a full last block
+    assert list(c.tails) == [3] and c.bytes == 100 and c.hits == 1
+
+
+def test_plan_rereads_the_tail_or_takes_it_from_memory_and_releases_what_moves():
+    m = BlockMap(RS)
+    tail_bytes = 200 * RS - BLOCK  # posting 0: 200 records, a full block and a partly filled one
+    m.install({0: blockmap.Entry(np.array([0, 1], np.uint32), 200, np.array([5, 6], np.uint32)),
+               1: blockmap.Entry(np.array([2], np.uint32), 3, np.array([7], np.uint32))})
+    tails = TailCache(1 << 20)
+    change = Change(appends={0: recs([1, 2])}, replaces={1: recs([3])}, drops=[5])
+    work, released = blockplan.plan(change, m, tails, RS)
+    assert list(work) == [5, 1, 0] and released.tolist() == [2, 1]  # drops, replaces, appends
+    a = work[0]
+    assert a.kept.tolist() == [0] and a.records == 202 and a.pieces == [recs([1, 2])]
+    assert a.reread.tolist() == [1] and a.reread_bytes == tail_bytes and a.reread_sums.tolist() == [6]
+    assert work[1].kept.size == 0 and work[1].records == 1 and work[5].records == 0
+    tails.keep([(0, m.get(0))], [b"x" * tail_bytes])  # as the commit that wrote the tail does
+    work, released = blockplan.plan(Change(appends={0: recs([1])}), m, tails, RS)
+    assert work[0].reread.size == 0 and work[0].pieces == [b"x" * tail_bytes, recs([1])]
+    assert released.tolist() == [1]
+    with pytest.raises(ValueError, match=f"whole {RS}-byte records"):
+        blockplan.plan(Change(appends={0: b"abc"}), m, tails, RS)
+
+
+def test_data_file_grows_in_steps_writes_in_pieces_and_finds_blocks_that_never_landed(tmp_path):
+    d = DataFile(str(tmp_path / "data"), direct=False, write_piece=BLOCK)
+    d.grow(12)
+    assert d.capacity == datafile.GROW_MIN_BLOCKS  # at least 4 MiB at a time
+    pieces = [[recs(range(200))], [recs([1])]]
+    chosen = [np.array([4, 5], np.uint32), np.array([9], np.uint32)]
+    pauses: list[int] = []
+    sums, tails = d.write_postings(pieces, chosen, lambda: pauses.append(1))
+    assert len(pauses) == 3 and d.unsynced_blocks == 3  # one pwrite a block, each after a pause
+    assert tails == [recs(range(200))[BLOCK:], recs([1])]
+    blocks_ = np.array([4, 5, 9, d.capacity], np.uint32)
+    wrong = np.concatenate([sums[0], sums[1] ^ 1, [0]]).astype(np.uint32)
+    assert d.unwritten(blocks_, wrong).tolist() == [False, False, True, True]  # bad sum; past the end
+    d.close()
+
+
+def test_allocation_syncs_to_reuse_released_blocks_rather_than_grow(tmp_path):
+    m = BlockMap(RS)
+    d = DataFile(str(tmp_path / "data"), direct=False, write_piece=BLOCK)
+    old = allocator.allocate(m, d, [allocator.SYNC_TO_REUSE], sync=lambda: None, reclaim=lambda: 0)[0]
+    m.take(old)
+    m.release(old, lsn=1, boundary=0)  # all of it waits for the sync of record 1
+    synced = []
+
+    def sync() -> None:
+        synced.append(1)
+
+    def reclaim() -> int:
+        return m.reclaim(len(synced), lambda boundary: True)
+
+    assert allocator.allocate(m, d, [8], sync=sync, reclaim=reclaim)[0].tolist() == list(range(8))
+    assert synced == [1] and d.capacity == datafile.GROW_MIN_BLOCKS
+    d.close()
 
 def _entry(blocks, records):
     return blockmap.Entry(np.array(blocks, np.uint32), records, np.arange(len(blocks), dtype=np.uint32) + 7)
@@ -931,7 +1003,7 @@ def test_appends_keep_each_posting_in_few_runs(tmp_path, engine):
         for p, v in new.items():
             want[p] += v
         runs = s.fragments(np.arange(4))
-        assert runs.max() <= blocks.MAX_RUNS, runs
+        assert runs.max() <= blockplan.MAX_RUNS, runs
         folds += int(((runs == 1) & (before > 1)).sum())
         assert vids_of(s, list(range(4))) == [want[p] for p in range(4)]
     assert folds > 0  # the interleaved appends did scatter them, and folding gathered them
@@ -984,9 +1056,8 @@ def test_kept_tails_stay_within_budget_and_never_serve_stale_bytes(tmp_path, mon
     """Random appends, replaces, drops and reloads of the same postings, with room for only a
     few kept tails: every read matches a model of the postings, the tails kept stay within
     the budget, and appends both found their tail in memory and read it back."""
-    monkeypatch.setattr(blocks, "TAIL_CACHE_BYTES", 4 * 1024)
     rng = np.random.default_rng(7)
-    s = open_store(tmp_path / "s")
+    s = open_store(tmp_path / "s", tail_cache_bytes=4 * 1024)
     want = {p: [p] * int(rng.integers(1, 300)) for p in range(12)}
     load(s, want)
     reads = _count_read_backs(s, monkeypatch)
@@ -1011,29 +1082,28 @@ def test_kept_tails_stay_within_budget_and_never_serve_stale_bytes(tmp_path, mon
             load(s, new)
             want.update(new)
         vid += 1000
-        assert s._tail_bytes == sum(len(t.data) for t in s._tails.values()) <= blocks.TAIL_CACHE_BYTES
+        assert s._tails.bytes == sum(len(t.data) for t in s._tails.tails.values()) <= 4 * 1024
         assert vids_of(s, list(range(12))) == [want[p] for p in range(12)], step
     assert s.stats()["tail_hits"] > 20 and len(reads) > 20
     s.close()
 
 
 def test_commits_write_in_pieces_issued_after_the_searches_reads(tmp_path, engine, monkeypatch):
-    """A commit's data goes to the disk in pieces of at most WRITE_PIECE, and none is issued
+    """A commit's data goes to the disk in pieces of at most ``write_piece`` bytes, and none is issued
     while an interactive read is running (IOScheduler.yield_to_interactive)."""
     from vindex import iosched
 
-    monkeypatch.setattr(blocks, "WRITE_PIECE", 2 * BLOCK)
-    s = open_store(tmp_path / "s", engine=engine, targets=iosched.IOTargets(yield_max_s=30.0))
+    s = open_store(tmp_path / "s", engine=engine, targets=iosched.IOTargets(yield_max_s=30.0), write_piece=2 * BLOCK)
     load(s, {0: [1]})
     sizes: list[int] = []
-    real = blocks._pwrite
+    real = diskio.pwrite
 
     def counting(fd, data, offset):
-        if fd == s._fd:
+        if fd == s._data.fd:
             sizes.append(len(data))
         return real(fd, data, offset)
 
-    monkeypatch.setattr(blocks, "_pwrite", counting)
+    monkeypatch.setattr(diskio, "pwrite", counting)
     release, started = threading.Event(), threading.Event()
     # an interactive request that holds its slot until released (the parent's run: io_uring's
     # would take it for a read job)

@@ -428,18 +428,17 @@ def test_large_rocksdb_commit_yields_to_searches_between_pieces_under_sla_only(t
     import numpy as np
 
     import vindex
-    import vindex.storage.rocks as rocks
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2000, 8)).astype(np.float32)
     vindex.Index.build(str(tmp_path / "i"), x, progress=False).close()
-    monkeypatch.setattr(rocks, "EARLY_WRITE_KEYS", 2)  # every commit of 3+ postings goes in pieces
     with vindex.Index.open(str(tmp_path / "i"), io_scheduler=mode, rebalance=False) as idx:
         readers = idx._engine.readers
         waits = []
         real = readers.wait_for_searches
         monkeypatch.setattr(readers, "wait_for_searches", lambda timeout: waits.append(timeout) or real(0.0))
         store, appended = idx._engine.store, []
+        store.early_write_keys = 2  # every commit of 3+ postings goes in pieces
         commit = store.commit
         monkeypatch.setattr(store, "commit", lambda change, io: appended.append(len(change.appends)) or commit(change, io))
         new = rng.standard_normal((200, 8)).astype(np.float32)

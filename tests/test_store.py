@@ -86,13 +86,10 @@ def test_rocks_detects_torn_record(tmp_path):
     s.close()
 
 
-def test_rocks_large_commit_pauses_between_its_early_pieces(tmp_path, monkeypatch):
+def test_rocks_large_commit_pauses_between_its_early_pieces(tmp_path):
     """The engine's pause (let running searches finish) runs after each early piece, with
     the pieces already written and the commit's own batch not yet."""
-    import vindex.storage.rocks as rocks
-
-    monkeypatch.setattr(rocks, "EARLY_WRITE_KEYS", 2)
-    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True)
+    s = RocksStore(str(tmp_path / "db"), record_size=RS, cache_bytes=1 << 22, create=True, early_write_keys=2)
     seen = []
     change = Change(appends={p: recs([p]) for p in range(5)}, log=b"a",
                     pause=lambda: seen.append((int(s.lengths().sum()), len(list(s.log_since(0))))))
@@ -102,15 +99,13 @@ def test_rocks_large_commit_pauses_between_its_early_pieces(tmp_path, monkeypatc
     s.close()
 
 
-def test_rocks_chunks_written_ahead_of_a_failed_commit_stay_invisible(tmp_path, monkeypatch):
+def test_rocks_chunks_written_ahead_of_a_failed_commit_stay_invisible(tmp_path):
     """A large commit writes its appended chunks in pieces before its own batch (so the GIL
     is released between them). If the commit's batch never lands, those chunks lie past
     the directory's count: never read, and overwritten by the next append."""
-    import vindex.storage.rocks as rocks
-
-    monkeypatch.setattr(rocks, "EARLY_WRITE_KEYS", 1)  # every commit of 2+ appends writes early
     path = str(tmp_path / "db")
-    s = RocksStore(path, record_size=RS, cache_bytes=1 << 22, create=True)
+    # every commit of 2+ appends writes early
+    s = RocksStore(path, record_size=RS, cache_bytes=1 << 22, create=True, early_write_keys=1)
     s.commit(Change(appends={0: recs([1]), 1: recs([2])}, log=b"a"), IOClass.UPDATE)
 
     class FailLastWrite:  # the early pieces land, the commit's own batch does not
@@ -141,15 +136,12 @@ def test_rocks_chunks_written_ahead_of_a_failed_commit_stay_invisible(tmp_path, 
     s.close()
 
 
-def test_rocks_replaces_written_ahead_of_a_failed_commit_leave_the_postings_as_they_were(tmp_path, monkeypatch):
+def test_rocks_replaces_written_ahead_of_a_failed_commit_leave_the_postings_as_they_were(tmp_path):
     """A large commit's replaces are written ahead too, to keys outside the postings' chunks:
     if its batch never lands, every posting reads as before, and later commits reuse the
     keys (including a posting replaced and appended to in one commit)."""
-    import vindex.storage.rocks as rocks
-
-    monkeypatch.setattr(rocks, "EARLY_WRITE_KEYS", 1)
     path = str(tmp_path / "db")
-    s = RocksStore(path, record_size=RS, cache_bytes=1 << 22, create=True)
+    s = RocksStore(path, record_size=RS, cache_bytes=1 << 22, create=True, early_write_keys=1)
     s.commit(Change(appends={0: recs([1]), 1: recs([2]), 2: recs([9])}, log=b"a"), IOClass.UPDATE)
     s.commit(Change(appends={0: recs([3])}, log=b"b"), IOClass.UPDATE)
     real = s._db
@@ -436,14 +428,12 @@ def test_kept_ring_stops_keeping_whole_postings_while_they_do_not_fit_and_starts
     assert k.keep_whole and list(k.entries()) == [2] and k.live_bytes == RS
 
 
-def test_kept_ring_grows_without_copying_its_records(monkeypatch):
+def test_kept_ring_grows_without_copying_its_records():
     # growing by copying into a larger array held up the search whose keep triggered it
     # for as long as the copy took; the array is reserved once and the ring's end moves on
-    from vindex.storage import kept
     from vindex.storage.kept import KeptPostings
 
-    monkeypatch.setattr(kept, "INITIAL_BYTES", 4 * RS)
-    k = KeptPostings(64 * RS, RS)
+    k = KeptPostings(64 * RS, RS, initial_bytes=4 * RS)
     rows = k.rows
     assert k.allocated_bytes == 4 * RS
     for pid in range(8):  # 24 rows, all in use: the ring grows past 4 rows
@@ -492,15 +482,13 @@ def test_rocks_search_reads_kept_postings_in_place_and_holds_them_until_released
     s.close()
 
 
-def test_kept_ring_under_threads_never_changes_an_entry_a_reader_holds(monkeypatch):
+def test_kept_ring_under_threads_never_changes_an_entry_a_reader_holds():
     """Threads keeping entries (the ring small, so it wraps and grows) while others find and
     hold them: every entry found reads as it was kept until its reader releases it."""
-    from vindex.storage import kept
     from vindex.storage.kept import ROWS, SPAN, START, KeptPostings
 
     rs = 16
-    monkeypatch.setattr(kept, "INITIAL_BYTES", 8 * rs)
-    k = KeptPostings(40 * rs, rs)  # 8 rows, growing to 40
+    k = KeptPostings(40 * rs, rs, initial_bytes=8 * rs)  # 8 rows, growing to 40
     stamp = itertools.count(1)
     errors, stop = [], threading.Event()
 

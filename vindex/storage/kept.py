@@ -36,19 +36,21 @@ from vindex.native.kept_table import GEN, ROWS, SEQ, SPAN, START
 
 log = logging.getLogger(__name__)
 
-#: The ring's first length; it doubles up to its capacity (see ``KeptPostings._take``).
+#: Default bytes of the ring's first length; it doubles up to its capacity (see
+#: ``KeptPostings._take``).
 INITIAL_BYTES = 1 << 20
 
 
 class KeptPostings:
-    """Records of postings kept in memory, up to ``cap_bytes``."""
+    """Records of postings kept in memory, up to ``cap_bytes``; the ring starts at
+    ``initial_bytes`` and doubles as it needs to."""
 
-    def __init__(self, cap_bytes: int, record_size: int):
+    def __init__(self, cap_bytes: int, record_size: int, initial_bytes: int = INITIAL_BYTES):
         self.record_size = record_size
         self.capacity = max(cap_bytes, 0) // record_size
         self.rows = _reserve(self.capacity, record_size // 4)
         self.capacity = self.rows.shape[0]
-        self._size = min(self.capacity, INITIAL_BYTES // record_size)  # the ring's length so far
+        self._size = min(self.capacity, initial_bytes // record_size)  # the ring's length so far
         self.lock = threading.Lock()
         self._table = np.full((1024, 5), -1, dtype=np.int64)
         self._order: deque[tuple[int, int, int, int]] = deque()  # (number, start, rows, pid), oldest first
@@ -150,10 +152,9 @@ class KeptPostings:
         that wants them again keeps them again); at capacity only with ``evict``, and whole
         postings stop being kept once that happens while three quarters of the ring are in
         use (the postings read no longer fit), and are kept again once less than half is.
-        (Stopping at half, for good, a 10k x 128 index with a 16 MiB share stopped within
-        seconds, at a peak, and then read no posting in place: 98-99% in place now with one
-        searching thread, 53-93% with four, where stopping for good left none. With a 4 MiB
-        share, which the postings outgrow, batch-1 p50 0.19-0.24 ms against 0.21-0.27.)"""
+        (Stopping at half, for good, stops within seconds, at a peak, and then reads no
+        posting in place; resuming below half keeps most reads in place, and costs nothing
+        where the postings outgrow the share.)"""
         if n == 0 or n > self.capacity:
             return None
         head, size = self._head, self._size
@@ -224,8 +225,9 @@ class KeptPostings:
 def _reserve(rows: int, cols: int) -> np.ndarray:
     """Zeroed ``(rows, cols) uint32`` in anonymous memory whose pages are mapped as first
     written, in small pages: with transparent huge pages (numpy asks for them on large
-    arrays) the first write to each 2 MiB costs one search the whole huge page at once, up
-    to ~5 ms on a VM touching fresh memory, where small pages spread the cost over the keeps.
+    arrays) the first write to each 2 MiB costs one search the whole huge page at once
+    (milliseconds on a VM touching fresh memory), where small pages spread the cost over the
+    keeps.
     Fewer rows if the operating system refuses that much address space."""
     while True:
         try:

@@ -46,20 +46,21 @@ from ..errors import CorruptionError, IndexLockedError, StorageError
 from ..iosched import IOScheduler, IOTargets
 from .base import Change, InPlace, IOClass, PostingBatch, ReadBuffers
 from .directory import Lengths
-from .kept import GEN, ROWS, SEQ, SPAN, START, KeptPostings
+from .kept import GEN, INITIAL_BYTES, ROWS, SEQ, SPAN, START, KeptPostings
 
 _CFS = ("postings", "pdir", "log")
 _PDIR = struct.Struct(">III")  # posting directory value: (chunks, records, first chunk)
 _PDIR_V1 = struct.Struct(">II")  # (chunks, records) of stores written before ``first``
 _PID = struct.Struct(">I")   # posting directory key
 _KEY = struct.Struct(">II")  # (pid, chunk) big-endian, so a posting's chunks are adjacent
-#: Flush and compaction write rate under ``io_scheduler="sla"`` (DESIGN.md: a 40 MB/s cap on
-#: background writes took foreground read p99 from 340 back to 147 us on this disk).
+#: Flush and compaction write rate under ``io_scheduler="sla"`` (DESIGN.md: capping background
+#: writes brings the foreground reads' p99 back near its level without them).
 BACKGROUND_WRITE_BYTES_PER_S = 96 << 20
-#: A commit writing more chunks or bytes than this writes them ahead in pieces of at most
-#: this size (see ``RocksStore._write_ahead``): rocksdict's ``write`` holds the GIL, and a
-#: search whose read returns meanwhile waits for the piece (256-chunk pieces held it 0.49 ms
-#: median, p99 0.82 ms; 64-chunk pieces cost an ingest without searches nothing measurable).
+#: Default for ``RocksStore(early_write_keys=)``: a commit writing more chunks (or more than
+#: ``EARLY_WRITE_BYTES``) writes them ahead in pieces of at most this size (see
+#: ``RocksStore._write_ahead``): rocksdict's ``write`` holds the GIL, and a search whose read
+#: returns meanwhile waits for the piece; pieces this small cost an ingest without searches
+#: nothing measurable, while pieces four times larger hold the GIL noticeably longer.
 EARLY_WRITE_KEYS = 64
 EARLY_WRITE_BYTES = 64 * 1024
 #: Reads of a posting set that a concurrent commit moved (see ``RocksStore.read``) before
@@ -121,8 +122,8 @@ def _options(cache: Cache, create: bool, io_scheduler: str) -> tuple[Options, di
     small = Options(raw_mode=True)
     small.set_block_based_table_factory(table)
     # The directory is read only when the store opens (a full scan), never by key: an
-    # unsorted memtable takes a 1,000-posting commit's entries in 0.15 ms against 1.5-1.9 ms
-    # for the default skip list, and ``write`` holds the GIL that long. (A vector memtable
+    # unsorted memtable takes a large commit's entries about ten times faster than the
+    # default skip list, and ``write`` holds the GIL that long. (A vector memtable
     # cannot take concurrent writers; commits are serialised anyway.)
     base.set_allow_concurrent_memtable_write(False)
     directory = Options(raw_mode=True)
@@ -159,11 +160,18 @@ class _ReadPlan:
 
 
 class RocksStore:
-    """Posting store on RocksDB."""
+    """Posting store on RocksDB.
+
+    ``early_write_keys``: a commit writing more chunks than this writes them ahead in pieces
+    of this many (``_write_ahead``). ``kept_initial_bytes``: the first size of the ring of
+    postings kept in memory (``KeptPostings``).
+    """
 
     def __init__(self, path: str, *, record_size: int, cache_bytes: int, create: bool,
-                 io_scheduler: str = "sla", targets: IOTargets = IOTargets()):
+                 io_scheduler: str = "sla", targets: IOTargets = IOTargets(),
+                 early_write_keys: int = EARLY_WRITE_KEYS, kept_initial_bytes: int = INITIAL_BYTES):
         self.record_size = record_size
+        self.early_write_keys = early_write_keys
         self.path = path
         self._cache = Cache(max(cache_bytes, 1 << 20))
         opts, cf_opts = _options(self._cache, create, io_scheduler)
@@ -179,8 +187,7 @@ class RocksStore:
         self._cf = {name: self._db.get_column_family(name) for name in _CFS}
         self._handle = {name: self._db.get_column_family_handle(name) for name in _CFS}
         # Background reads leave the block cache to searches: rebalancing reads several times
-        # the cache's size during a drain, and filling it with those blocks cost the drain
-        # ~5% (1M: 500k upserted, drain 28.3 s against 29.9 s, medians of 4 alternating runs)
+        # the cache's size during a drain, and filling it with those blocks slowed the drain
         self._uncached = self._db.get_column_family("postings")
         self._uncached.set_read_options(_uncached_reads())
         self._write_lock = threading.Lock()
@@ -194,12 +201,12 @@ class RocksStore:
         # their records, whether those include the first chunk. A read then fetches only the
         # chunks appended since (and the first, if not held): a flat-out ingest appends a
         # chunk to most postings per batch, faster than the background folds them, and a
-        # multi-get's cost grows with its keys (~400 for 32 postings instead of 32 took
-        # 0.6-0.9 ms instead of 0.1); a whole posting held costs no multi-get at all (10k
-        # vectors, 100 queries at max_postings 16: 19.0 to 11.9 us a query). Chunks never
+        # multi-get's cost grows with its keys (a dozen keys a posting cost several times one
+        # key a posting); a whole posting held costs no multi-get at all, which makes a search
+        # of few postings markedly faster. Chunks never
         # change while a posting keeps its first chunk; a replace or drop moves it and bumps
         # ``_gens``. See ``_keep`` for what is kept.
-        self._kept = KeptPostings(int(cache_bytes * KEPT_SHARE), record_size)
+        self._kept = KeptPostings(int(cache_bytes * KEPT_SHARE), record_size, kept_initial_bytes)
         self._gens = Lengths()
         self._load_directory()
         self._seq = self._last_seq()
@@ -351,9 +358,8 @@ class RocksStore:
         """``plan`` and its fetched ``values`` with the postings a concurrent commit moved
         (a chunk of theirs came back missing, or their generation changed) fetched again.
 
-        A rebalancing read of 1,024 postings beside a busy ingest met a commit mid-read in
-        about a third of its multi-gets (1M ingest, 500k upserted): reading all of them again
-        cost ~100 ms each time, for the few postings the commit had moved. Every other
+        A large rebalancing read beside a busy ingest meets a commit mid-read often: reading
+        all of its postings again costs far more than the few the commit had moved. Every other
         posting was read whole from chunks that do not change while it keeps its keys, as a
         read that met no commit is. The chunks of memory-held postings stay pinned by the
         caller's token until they are gathered."""
@@ -416,10 +422,8 @@ class RocksStore:
         each of those chunks is another key for the multi-get; and while that is so no
         posting is newly kept whole (one already kept whole that a search finds grown is kept
         whole again, as the newest; see ``KeptPostings._take``). Turning whole postings over
-        costs every read and finds few again (200k vectors, a 16 MiB share, batch-1 searches
-        of 32 postings: p50 0.36-0.39 ms against 0.30-0.32 ms keeping none; after 200k more
-        were upserted, 0.81-0.82 ms keeping whole postings in the room the tails' turnover
-        leaves, 0.70-0.71 ms not, 0.71-0.75 ms keeping only tails as before)."""
+        costs every read and finds few again: slower than keeping none, and slower, once
+        the postings have grown, than keeping only their tails."""
         rs, kept = self.record_size, self._kept
         offs, pids, gens, learn = offsets.tolist(), plan.pids, plan.gens, plan.learn
         if search and kept.keep_whole:
@@ -527,7 +531,7 @@ class RocksStore:
                 first, chunks, records = new_dir[pid]
                 (in_batch if pid in dropped else writes).append((_key(pid, first + chunks), data))
                 new_dir[pid] = [first, chunks + 1, records + len(data) // rs]
-            if len(writes) > EARLY_WRITE_KEYS or sum(len(d) for _, d in writes) > EARLY_WRITE_BYTES:
+            if len(writes) > self.early_write_keys or sum(len(d) for _, d in writes) > EARLY_WRITE_BYTES:
                 self._write_ahead(writes, change.pause)
             else:
                 in_batch = writes + in_batch
@@ -561,8 +565,8 @@ class RocksStore:
     def _write_ahead(self, writes: list[tuple[bytes, bytes]], pause) -> None:
         """Write a large commit's new chunks ahead of it, in pieces.
 
-        rocksdict's ``write`` holds the GIL for the whole batch (a round of rebalancing, ~8 MB,
-        held it 32 ms), and a search waiting for the GIL waits that long. A new chunk is
+        rocksdict's ``write`` holds the GIL for the whole batch (tens of milliseconds for a
+        round of rebalancing), and a search waiting for the GIL waits that long. A new chunk is
         invisible until the posting directory counts it, and the directory changes only in
         the commit's own batch, so chunks can go first in small batches with the GIL released
         between them: in ``pause``, where the engine lets running searches finish. A crash
@@ -573,7 +577,7 @@ class RocksStore:
         for i, (key, data) in enumerate(writes):
             piece.put(key, data, post)
             size += len(data)
-            if len(piece) >= EARLY_WRITE_KEYS or size >= EARLY_WRITE_BYTES or i == len(writes) - 1:
+            if len(piece) >= self.early_write_keys or size >= EARLY_WRITE_BYTES or i == len(writes) - 1:
                 with _errors(self.path, "writing"):
                     self._db.write(piece)
                 if pause is not None:
