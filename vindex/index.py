@@ -21,7 +21,7 @@ from .idmap import IdMap
 from .iosched import BackgroundPacer, yielding_pool
 from .progress import enabled
 from .results import SearchResult
-from .rebalance import FOLD_FRAGMENTS, STALE_ARRAYS, Rebalancer
+from .rebalance import STALE_ARRAYS, Rebalancer, policy
 from .search import search as run_search
 from .state import State
 from .storage import Change, IOClass, open_store, records
@@ -83,10 +83,7 @@ class Index:
         self._drop_orphans()
         if g.n:
             alive = np.flatnonzero(g.alive[: g.n])
-            lengths = engine.lengths(alive)
-            heavy = engine.state.garbage[alive] >= np.maximum(1, cfg.gc_fraction * lengths)
-            scattered = engine.store.fragments(alive) > FOLD_FRAGMENTS
-            self._rebalancer.notify(alive[(lengths > engine.limit) | heavy | scattered])
+            self._rebalancer.notify(policy.needing_work(engine, alive, alive))
 
     def _drop_orphans(self) -> None:
         """Postings of removed heads whose deferred drop a crash cut short (no search runs yet)."""
@@ -133,7 +130,7 @@ class Index:
             else:
                 graph = HeadGraph(dim, cfg.graph_degree, cfg.graph_alpha, cfg.graph_entries)
             engine = Engine(path, manifest, store, State(idmap, graph), seq=0, build_stats=stats)
-            engine.save_checkpoint()
+            engine.checkpoints.save()
             if cfg.store != "memory":
                 layout.write(path, manifest)
             return cls(engine)
@@ -179,9 +176,9 @@ class Index:
                 rec = oplog.decode(data)
                 state.apply(rec)
                 engine.seq = log_seq
-                engine.ops_since_checkpoint += 1
+                engine.checkpoints.ops_since += 1
             if engine.seq == seq:  # nothing happened after the checkpoint: its extras still hold
-                engine.restored_extras = {k: arrays[k] for k in STALE_ARRAYS if k in arrays}
+                engine.checkpoints.restored = {k: arrays[k] for k in STALE_ARRAYS if k in arrays}
             return cls(engine)
         except BaseException:
             store.close()
@@ -374,17 +371,8 @@ class Index:
 
     def _after_write(self, written: np.ndarray, old_homes: np.ndarray) -> None:
         """Queue postings a write pushed over their limit or filled with garbage."""
-        eng = self._engine
-        work = []
-        if written.size:
-            work.append(written[(eng.lengths(written) > eng.limit)
-                                | (eng.store.fragments(written) > FOLD_FRAGMENTS)])
-        if old_homes.size:
-            garbage = eng.state.garbage[old_homes]
-            work.append(old_homes[garbage >= np.maximum(1, self.config.gc_fraction * eng.lengths(old_homes))])
-        if work:
-            self._rebalancer.notify(np.concatenate(work))
-        if eng.checkpoint_due():
+        self._rebalancer.notify(policy.needing_work(self._engine, written, old_homes))
+        if self._engine.checkpoints.due():
             self._rebalancer.poke()
 
     def get(self, ids: Any, *, tenant: str = "default") -> tuple[np.ndarray, np.ndarray]:
@@ -481,8 +469,8 @@ class Index:
             "scrub_pending": self._rebalancer.scrub_pending,
             "scrubbed": bg["scrubbed"], "scrub_rechecked": bg["scrub_rechecked"],
             "log_seq": eng.seq,
-            "checkpoint_seq": eng.checkpoint_seq,
-            "checkpoints": bg["checkpoints"],
+            "checkpoint_seq": eng.checkpoints.seq,
+            "checkpoints": eng.checkpoints.count,
             "durability": self.config.durability,
             "io_scheduler": self.config.io_scheduler,
             "background_duty": eng.pacer.duty,
@@ -516,7 +504,7 @@ class Index:
         """Save the in-memory state so reopening replays no log."""
         self._check_open()
         with self._engine.lock:
-            self._engine.save_checkpoint()
+            self._engine.checkpoints.save()
 
     def close(self) -> None:
         """Stop background work, checkpoint if needed and release the store. Safe to call
@@ -529,8 +517,8 @@ class Index:
         self._rebalancer.close()
         try:
             with eng.lock:
-                if eng.seq != eng.checkpoint_seq:
-                    eng.save_checkpoint()
+                if eng.seq != eng.checkpoints.seq:
+                    eng.checkpoints.save()
         finally:
             self._finalizer()
 
