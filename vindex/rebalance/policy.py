@@ -20,7 +20,7 @@ FOLD_FRAGMENTS = 8
 #: A posting is rewritten without the copies moved out of it once they and its garbage are
 #: this fraction of it. A tenth (``gc_fraction``) made a large drain noticeably slower for
 #: more CPU time; the copies waiting are valid copies, so searches lose nothing but the time
-#: to read them (about 1% more records scanned after heavy churn).
+#: to read them (a few more records scanned per query meanwhile).
 CUT_FRACTION = 0.2
 
 
