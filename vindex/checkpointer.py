@@ -1,24 +1,36 @@
 """When to checkpoint, and running it: the durability side of an open index.
 
 Every commit counts the vectors it touched (``note``); once ``checkpoint_every`` have been
-written since the last checkpoint (or the last one failed), one is due. The part that needs
-the writers' lock (making the store durable up to the log's end and copying the state) runs
-under it; writing the copy (tens of MB on a large index, with its fsyncs) and truncating the
-log it covers run without, so writers go on meanwhile.
+written since the last checkpoint (or the last one failed), one is due, and a thread of its
+own saves it. The part that needs the writers' lock (making the store durable up to the
+log's end and copying the state) runs under it; writing the copy (tens of MB on a large
+index, with its fsyncs) and truncating the log it covers run without, so writers and the
+background go on meanwhile.
 
-Due checkpoints run on the background thread between its turns (``run``), never inside a
-job: a job changes the store and its own tables (the copies it leaves to cut) in steps, and
-a checkpoint must not capture one half applied. The copies waiting to be cut are saved with
-it (``extras``) and, when no log follows it, restored at open (``restored``).
+A checkpoint never captures a half-applied background job. A job changes the store and its
+own tables (the copies it leaves to cut) in steps, so it runs inside ``excluded()``: a
+checkpoint copies the state only when no job is inside, and while one is due no job enters
+until it has started. So a due checkpoint lands between two background turns, as soon as
+the running one ends.
+
+The copies waiting to be cut are saved with each checkpoint (``extras``) and, when no log
+follows it, restored at open (``restored``).
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from . import checkpoint, oplog
+
+log = logging.getLogger("vindex.checkpoint")
+
+#: Pause after a failed checkpoint before trying again (the log keeps everything meanwhile).
+RETRY_PAUSE_S = 0.5
 
 
 def record_ops(rec: oplog.Record) -> int:
@@ -28,7 +40,8 @@ def record_ops(rec: oplog.Record) -> int:
 
 
 class Checkpointer:
-    """Checkpoints of one engine: counts writes, says when one is due, and saves it."""
+    """Checkpoints of one engine: counts writes, decides when one is due and saves it, on
+    its own thread between ``start_thread`` and ``close`` (``save`` at build and close)."""
 
     def __init__(self, engine, seq: int):
         self._engine = engine
@@ -40,22 +53,47 @@ class Checkpointer:
         # those a checkpoint with no log after it held (see ``Index.open``)
         self.extras: Callable[[], dict[str, np.ndarray]] | None = None
         self.restored: dict[str, np.ndarray] = {}
-        self.count = 0               # checkpoints ``run`` made
+        self.count = 0               # checkpoints the thread wrote
+        self.errors = 0              # ... and those that failed
+        self._cv = threading.Condition()
+        self._jobs = 0               # background jobs inside ``excluded()``
+        self._attempts = 0           # checkpoints the thread started (copied the state for)
+        self._writing = False
+        self._stop = False
+        self._failed_at = -1         # attempt number of the last failure, for ``wait_idle``
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
 
+    # --- when -----------------------------------------------------------------------------------
     def note(self, rec: oplog.Record) -> None:
-        """A record was committed (caller holds the writers' lock): count its vectors."""
+        """A record was committed (caller holds the writers' lock): count its vectors, and
+        wake the thread once a checkpoint is due."""
         self.ops_since += record_ops(rec)
+        if self.due():
+            with self._cv:
+                self._cv.notify_all()
 
     def due(self) -> bool:
         return self._failed or self.ops_since >= self._engine.config.checkpoint_every
 
-    def run(self) -> None:
-        """Checkpoint now: copy the state under the writers' lock, write it without."""
-        with self._engine.lock:
-            write = self.start()
-        write()  # files and fsyncs without the writers' lock
-        self.count += 1
+    @contextlib.contextmanager
+    def excluded(self) -> Iterator[None]:
+        """A background job runs inside this context: no checkpoint copies the state while
+        one is inside, and a job waits to enter while a checkpoint is due and not started,
+        so back-to-back jobs cannot hold checkpoints off."""
+        with self._cv:
+            if self._thread is not None and not self._stop and self.due():
+                want = self._attempts + 1
+                self._cv.wait_for(lambda: self._attempts >= want or self._stop)
+            self._jobs += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._jobs -= 1
+                self._cv.notify_all()
 
+    # --- how ------------------------------------------------------------------------------------
     def save(self) -> None:
         """Save the state so reopening replays no log. Caller holds the writers' lock."""
         self.start()()
@@ -91,3 +129,69 @@ class Checkpointer:
                 self._failed = False
                 self.seq = seq
         return write
+
+    # --- the thread -----------------------------------------------------------------------------
+    def start_thread(self) -> None:
+        """Checkpoint on a thread of its own whenever one is due, until ``close``."""
+        self._thread = threading.Thread(target=self._run, name="vindex-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._stop or self.due())
+                if self._stop:
+                    return
+                self._writing = True
+            try:
+                self._checkpoint()
+                self.count += 1
+            except BaseException as exc:  # keep the thread alive; report through wait_idle
+                if not threading.main_thread().is_alive():
+                    log.info("checkpoints stopped: the interpreter is exiting")
+                    return
+                log.exception("background checkpoint failed")
+                with self._cv:
+                    self.errors += 1
+                    self._error = exc
+                    self._failed_at = self._attempts
+            finally:
+                with self._cv:
+                    self._writing = False
+                    self._cv.notify_all()
+            if self._failed:
+                with self._cv:
+                    self._cv.wait_for(lambda: self._stop, timeout=RETRY_PAUSE_S)
+
+    def _checkpoint(self) -> None:
+        """Wait until no background job is inside (none enters meanwhile: one is due), copy
+        the state under the writers' lock, then write it without."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._jobs == 0)
+        try:
+            with self._engine.lock:
+                write = self.start()
+        finally:
+            with self._cv:
+                self._attempts += 1
+                self._cv.notify_all()
+        write()  # files and fsyncs without the writers' lock
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no checkpoint is being written (a due one that has not started is not
+        waited for); False on timeout. Raises the failure of a checkpoint that starts after
+        the call and fails."""
+        with self._cv:
+            first = self._attempts + 1
+            idle = self._cv.wait_for(lambda: not self._writing or self._failed_at >= first, timeout)
+            if self._failed_at >= first and self._error is not None:
+                raise self._error
+            return bool(idle)
+
+    def close(self) -> None:
+        """Stop the thread (a checkpoint being written finishes first)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()

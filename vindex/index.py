@@ -13,6 +13,7 @@ import numpy as np
 
 from . import checkpoint, layout, oplog, validation, writes
 from .build import build_postings
+from .checkpointer import Checkpointer
 from .config import IndexConfig, check_metric, record_bytes
 from .engine import Engine
 from .errors import CorruptionError, IdExistsError, IndexClosedError, InvalidInputError, preview
@@ -54,9 +55,10 @@ class _Threads:
         faiss.omp_set_num_threads(self._faiss)
 
 
-def _shutdown(rebalancer: Rebalancer, pool: ThreadPoolExecutor, store) -> None:
+def _shutdown(rebalancer: Rebalancer, checkpoints: Checkpointer, pool: ThreadPoolExecutor, store) -> None:
     """Stop the background work and release the store (``close`` or garbage collection)."""
     rebalancer.close()
+    checkpoints.close()
     pool.shutdown(wait=True)
     store.close()
 
@@ -77,7 +79,9 @@ class Index:
         # replica selection for upserts; under sla its threads yield the cores to searches
         self._pool = yielding_pool("vindex-insert", cfg.io_scheduler == "sla")
         self._rebalancer = Rebalancer(engine, enabled=cfg.rebalance)
-        self._finalizer = weakref.finalize(self, _shutdown, self._rebalancer, self._pool, engine.store)
+        engine.checkpoints.start_thread()
+        self._finalizer = weakref.finalize(self, _shutdown, self._rebalancer, engine.checkpoints, self._pool,
+                                           engine.store)
         # postings left over their limit or full of garbage by an earlier process
         g = engine.state.graph
         self._drop_orphans()
@@ -372,8 +376,6 @@ class Index:
     def _after_write(self, written: np.ndarray, old_homes: np.ndarray) -> None:
         """Queue postings a write pushed over their limit or filled with garbage."""
         self._rebalancer.notify(policy.needing_work(self._engine, written, old_homes))
-        if self._engine.checkpoints.due():
-            self._rebalancer.poke()
 
     def get(self, ids: Any, *, tenant: str = "default") -> tuple[np.ndarray, np.ndarray]:
         """Stored vectors of ``ids``: ``(vectors (n, dim) float32, found (n,) bool)``; rows of
@@ -422,7 +424,10 @@ class Index:
         after the call and fails (the work is retried, so a call after the cause is gone
         returns True; a round already running when it came is not held against it)."""
         self._check_open()
-        return self._rebalancer.wait_idle(timeout)
+        started = time.monotonic()
+        idle = self._rebalancer.wait_idle(timeout)
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        return self._engine.checkpoints.wait_idle(left) and idle
 
     def pause_background(self) -> contextlib.AbstractContextManager[None]:
         """A context in which no background rebalancing round starts (one already running
@@ -465,7 +470,7 @@ class Index:
             "reassigns_overtaken": bg["reassign_overtaken"],
             "gc": bg["gc"], "drops": bg["drops"], "background_rounds": bg["rounds"],
             "stale_copies": self._rebalancer.stale_copies,
-            "background_errors": bg["errors"], "background_queue": self._rebalancer.depth,
+            "background_errors": bg["errors"] + eng.checkpoints.errors, "background_queue": self._rebalancer.depth,
             "scrub_pending": self._rebalancer.scrub_pending,
             "scrubbed": bg["scrubbed"], "scrub_rechecked": bg["scrub_rechecked"],
             "log_seq": eng.seq,
@@ -515,6 +520,7 @@ class Index:
                 return
             self._closed = True
         self._rebalancer.close()
+        eng.checkpoints.close()
         try:
             with eng.lock:
                 if eng.seq != eng.checkpoints.seq:

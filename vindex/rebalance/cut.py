@@ -51,9 +51,9 @@ class Cuts:
 
     # --- state ----------------------------------------------------------------------------------
     @property
-    def waiting(self) -> bool:
-        """Deferred work is queued (caller holds ``cv``)."""
-        return bool(self._deferred)
+    def waiting(self) -> int:
+        """Entries of deferred work queued (caller holds ``cv``)."""
+        return len(self._deferred)
 
     @property
     def limbo_pids(self) -> set[int]:

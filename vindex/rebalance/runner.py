@@ -94,11 +94,6 @@ class Rebalancer:
                 self._holds -= 1
                 self._cv.notify_all()
 
-    def poke(self) -> None:
-        """Wake the worker (e.g. a checkpoint is due)."""
-        with self._cv:
-            self._cv.notify_all()
-
     @property
     def limbo_pids(self) -> set[int]:
         """Removed heads whose postings are not dropped yet: their pids are not free."""
@@ -120,7 +115,7 @@ class Rebalancer:
         """Postings waiting, plus one while a round runs."""
         with self._cv:
             return (len(self._pending) + int(self._busy or self.reassign.job is not None)
-                    + len(self.cuts._deferred) + int(self.scrub.credit > 0))
+                    + self.cuts.waiting + int(self.scrub.credit > 0))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no work is queued or running; False on timeout. Raises the failure of a
@@ -155,7 +150,7 @@ class Rebalancer:
         while True:
             with self._cv:
                 while not (self._stop or self.reassign.job is not None or not self._holds and (
-                           self._pending or eng.checkpoints.due() or self.scrub.credit > 0)):
+                           self._pending or self.scrub.credit > 0)):
                     # with deferred work, poll until the searches it waits for finish
                     if not self._cv.wait(DEFERRED_POLL_S if self.cuts.waiting else None) and self.cuts.waiting:
                         break
@@ -172,9 +167,8 @@ class Rebalancer:
                 this_round = self._rounds_started
             started = time.perf_counter()
             try:
-                self._run_jobs(held, batch, scrub)
-                if not held and eng.checkpoints.due():
-                    eng.checkpoints.run()  # between turns: never inside a job
+                with eng.checkpoints.excluded():  # a checkpoint never copies a job half applied
+                    self._run_jobs(held, batch, scrub)
                 if batch or scrub:
                     with self._cv:
                         self._error = None  # the failure (a full disk, say) is over
