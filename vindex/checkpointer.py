@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from . import checkpoint, oplog
+from .attempts import Attempts
 
 log = logging.getLogger("vindex.checkpoint")
 
@@ -57,11 +58,9 @@ class Checkpointer:
         self.errors = 0              # ... and those that failed
         self._cv = threading.Condition()
         self._jobs = 0               # background jobs inside ``excluded()``
-        self._attempts = 0           # checkpoints the thread started (copied the state for)
+        self._attempts = Attempts()  # checkpoints the thread started (copied the state for)
         self._writing = False
         self._stop = False
-        self._failed_at = -1         # attempt number of the last failure, for ``wait_idle``
-        self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
     # --- when -----------------------------------------------------------------------------------
@@ -83,8 +82,8 @@ class Checkpointer:
         so back-to-back jobs cannot hold checkpoints off."""
         with self._cv:
             if self._thread is not None and not self._stop and self.due():
-                want = self._attempts + 1
-                self._cv.wait_for(lambda: self._attempts >= want or self._stop)
+                want = self._attempts.started + 1
+                self._cv.wait_for(lambda: self._attempts.started >= want or self._stop)
             self._jobs += 1
         try:
             yield
@@ -153,8 +152,7 @@ class Checkpointer:
                 log.exception("background checkpoint failed")
                 with self._cv:
                     self.errors += 1
-                    self._error = exc
-                    self._failed_at = self._attempts
+                    self._attempts.failed(self._attempts.started, exc)
             finally:
                 with self._cv:
                     self._writing = False
@@ -173,7 +171,7 @@ class Checkpointer:
                 write = self.start()
         finally:
             with self._cv:
-                self._attempts += 1
+                self._attempts.begin()
                 self._cv.notify_all()
         write()  # files and fsyncs without the writers' lock
 
@@ -182,11 +180,7 @@ class Checkpointer:
         waited for); False on timeout. Raises the failure of a checkpoint that starts after
         the call and fails."""
         with self._cv:
-            first = self._attempts + 1
-            idle = self._cv.wait_for(lambda: not self._writing or self._failed_at >= first, timeout)
-            if self._failed_at >= first and self._error is not None:
-                raise self._error
-            return bool(idle)
+            return self._attempts.wait(self._cv, lambda: not self._writing, timeout)
 
     def close(self) -> None:
         """Stop the thread (a checkpoint being written finishes first)."""

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from ..attempts import Attempts
 from ..engine import Engine
 from ..iosched import lower_thread_priority, yielding_pool
 from .cut import Cuts
@@ -40,9 +41,7 @@ class Rebalancer:
         self._busy = False
         self._stop = False
         self._holds = 0  # open hold() contexts: no round starts while any is open
-        self._error: BaseException | None = None
-        self._rounds_started = 0  # numbers the rounds, so wait_idle can tell old failures from new
-        self._failed_round = -1   # number of the last round that failed
+        self._rounds = Attempts()  # numbers the turns, so wait_idle can tell old failures from new
         self.counters = {"rounds": 0, "splits": 0, "merges": 0, "drops": 0, "gc": 0, "reassigns": 0,
                          "reassign_checked": 0, "reassign_overtaken": 0, "scrubbed": 0, "scrub_rechecked": 0,
                          "errors": 0}
@@ -124,14 +123,9 @@ class Rebalancer:
         running when the call came may have met the cause before it was removed, so its
         failure is not reported; its retry is."""
         with self._cv:
-            first = self._rounds_started + 1
-            idle = self._cv.wait_for(lambda: (not self._pending and not self._busy and not self.cuts.waiting
-                                              and self.reassign.job is None and self.scrub.credit <= 0)
-                                     or self._failed_round >= first,
+            return self._rounds.wait(self._cv, lambda: (not self._pending and not self._busy and not self.cuts.waiting
+                                                        and self.reassign.job is None and self.scrub.credit <= 0),
                                      timeout)
-            if self._failed_round >= first and self._error is not None:
-                raise self._error
-            return bool(idle)
 
     def close(self) -> None:
         with self._cv:
@@ -163,15 +157,14 @@ class Rebalancer:
                 self._pending.difference_update(batch)
                 scrub = not batch and not held and self.scrub.credit > 0  # when nothing more urgent waits
                 self._busy = True
-                self._rounds_started += 1
-                this_round = self._rounds_started
+                this_round = self._rounds.begin()
             started = time.perf_counter()
             try:
                 with eng.checkpoints.excluded():  # a checkpoint never copies a job half applied
                     self._run_jobs(held, batch, scrub)
                 if batch or scrub:
                     with self._cv:
-                        self._error = None  # the failure (a full disk, say) is over
+                        self._rounds.error = None  # the failure (a full disk, say) is over
             except BaseException as exc:  # keep the worker alive; report through wait_idle
                 if not threading.main_thread().is_alive():
                     # the interpreter is exiting with the index open and has shut the thread
@@ -181,8 +174,7 @@ class Rebalancer:
                 log.exception("background round failed")
                 with self._cv:
                     self.counters["errors"] += 1
-                    self._error = exc
-                    self._failed_round = this_round
+                    self._rounds.failed(this_round, exc)
                     self._pending.update(batch)
                 self.reassign.finish(apply=False)
                 time.sleep(RETRY_PAUSE_S)
