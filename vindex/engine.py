@@ -14,7 +14,6 @@ from .readers import Readers
 from .state import State
 from .storage import Change, IOClass, PostingStore
 
-
 #: The smallest share of wall time foreground writes get under ``io_scheduler="sla"``.
 UPDATE_DUTY_FLOOR = 0.7
 

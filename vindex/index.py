@@ -16,13 +16,19 @@ from .build import build_postings
 from .checkpointer import Checkpointer
 from .config import IndexConfig, check_metric, record_bytes
 from .engine import Engine
-from .errors import CorruptionError, IdExistsError, IndexClosedError, InvalidInputError, preview
+from .errors import (
+    CorruptionError,
+    IdExistsError,
+    IndexClosedError,
+    InvalidInputError,
+    preview,
+)
 from .heads import METRIC_CODES, HeadGraph
 from .idmap import IdMap
 from .iosched import BackgroundPacer, yielding_pool
 from .progress import enabled
-from .results import SearchResult
 from .rebalance import STALE_ARRAYS, Rebalancer, policy
+from .results import SearchResult
 from .search import search as run_search
 from .state import State
 from .storage import Change, IOClass, open_store, records

@@ -16,4 +16,4 @@ from .policy import CUT_FRACTION, FOLD_FRAGMENTS
 from .runner import PACE_SLICE_S, Rebalancer
 from .split import split_children
 
-__all__ = ["CUT_FRACTION", "FOLD_FRAGMENTS", "PACE_SLICE_S", "STALE_ARRAYS", "Rebalancer", "split_children"]
+__all__ = ["CUT_FRACTION", "policy", "FOLD_FRAGMENTS", "PACE_SLICE_S", "STALE_ARRAYS", "Rebalancer", "split_children"]

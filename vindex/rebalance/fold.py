@@ -9,10 +9,14 @@ moves vectors whose best postings changed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..storage import records
+
+if TYPE_CHECKING:
+    from .round import RoundInputs
 
 #: A posting rewritten without garbage moves its head to the mean of its primary copies
 #: (vectors whose home it is) when it holds at least this many: fewer make a noisy mean.
@@ -32,11 +36,10 @@ class FoldPart:
     radius: np.ndarray
 
 
-def plan_rewrites(rnd, delta: dict[int, tuple[np.ndarray, np.ndarray]], home: np.ndarray,
+def plan_rewrites(rnd: "RoundInputs", delta: dict[int, tuple[np.ndarray, np.ndarray]], home: np.ndarray,
                   dim: int) -> FoldPart:
-    """The rewrite of each posting ``rnd`` collects (``rnd``: a ``round.RoundInputs``; its
-    ``gc`` mask), with the records ``delta`` appended since the read; ``home``: each vid's
-    home posting."""
+    """The rewrite of each posting ``rnd`` marks ``gc``, with the records ``delta`` appended
+    since the read; ``home``: each vid's home posting."""
     H = records.HEADER_WORDS
     pids, offsets, keep = rnd.pids, rnd.read.offsets, rnd.keep
     recs_f, recs_u = rnd.read.recs_f, rnd.read.recs_u

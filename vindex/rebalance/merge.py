@@ -7,6 +7,7 @@ necessarily among the ones the replica rule picks).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,6 +15,9 @@ from vindex import native
 
 from ..engine import Engine
 from ..storage import records
+
+if TYPE_CHECKING:
+    from .round import RoundInputs
 
 
 def merge_targets(engine: Engine, pids: np.ndarray, merge: np.ndarray, n_live: np.ndarray,
@@ -55,9 +59,9 @@ class MergePart:
     to: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
-def plan_merges(rnd, delta: dict[int, tuple[np.ndarray, np.ndarray]], dim: int) -> MergePart:
-    """The appends of each posting ``rnd`` merges (``rnd``: a ``round.RoundInputs``), with
-    the records ``delta`` appended since the read."""
+def plan_merges(rnd: "RoundInputs", delta: dict[int, tuple[np.ndarray, np.ndarray]], dim: int) -> MergePart:
+    """The appends of each posting ``rnd`` merges into its target, with the records
+    ``delta`` appended since the read."""
     H = records.HEADER_WORDS
     pids, offsets, keep = rnd.pids, rnd.read.offsets, rnd.keep
     recs_f, recs_u = rnd.read.recs_f, rnd.read.recs_u

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -19,10 +20,12 @@ from .. import oplog
 from ..engine import Engine
 from ..heads import connect
 from ..storage import Change, IOClass, records
+from .cut import Cuts
 from .fold import plan_rewrites
 from .merge import merge_targets, plan_merges
 from .policy import Decision, decide, over_budget
-from .reads import Postings, copy_keys
+from .reads import PostingReader, Postings, copy_keys
+from .reassign import Reassigner
 from .split import Clusters, cluster, plan_splits
 
 
@@ -175,7 +178,8 @@ class Rounds:
     (``RoundPlan``) and commits, then queues follow-ups and hands the vectors it moved to
     the reassignment."""
 
-    def __init__(self, engine: Engine, reader, cuts, reassigner, counters: dict, notify):
+    def __init__(self, engine: Engine, reader: PostingReader, cuts: Cuts, reassigner: Reassigner, counters: dict,
+                 notify: Callable[[np.ndarray], None]):
         self._engine = engine
         self._reader = reader
         self._cuts = cuts

@@ -6,12 +6,17 @@ children that replace it under new heads; the old head is removed after the comm
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from vindex import native
 
+from ..heads import HeadGraph
 from ..storage import records
+
+if TYPE_CHECKING:
+    from .round import RoundInputs
 
 
 def split_children(n_live: np.ndarray, limit: int, build_fill: float) -> np.ndarray:
@@ -58,16 +63,20 @@ class SplitPart:
     new_vectors: np.ndarray | None = None
 
 
-def plan_splits(rnd, delta: dict[int, tuple[np.ndarray, np.ndarray]], graph, limbo: set[int]) -> SplitPart:
-    """The children of each posting ``rnd`` splits (``rnd``: a ``round.RoundInputs``), with
-    the records ``delta`` appended since the read assigned to the nearest child."""
+def plan_splits(rnd: "RoundInputs", delta: dict[int, tuple[np.ndarray, np.ndarray]], graph: HeadGraph,
+                limbo: set[int]) -> SplitPart:
+    """The children of each posting ``rnd`` splits, with the records ``delta`` appended
+    since the read assigned to the nearest child; their heads get pids free in ``graph``
+    and not in ``limbo``."""
     H = records.HEADER_WORDS
     pids, offsets, keep = rnd.pids, rnd.read.offsets, rnd.keep
     recs_f, recs_u = rnd.read.recs_f, rnd.read.recs_u
-    ks, labels, centroids, cent_off = rnd.decision.ks, rnd.clusters.labels, rnd.clusters.centroids, rnd.clusters.cent_off
+    ks, labels = rnd.decision.ks, rnd.clusters.labels
+    centroids, cent_off = rnd.clusters.centroids, rnd.clusters.cent_off
     split_idx = np.flatnonzero(rnd.decision.split)
     out = SplitPart()
-    out.new_pids = graph.free_pids(int(ks[rnd.decision.split].sum()), limbo) if split_idx.size else np.zeros(0, np.int64)
+    out.new_pids = (graph.free_pids(int(ks[rnd.decision.split].sum()), limbo) if split_idx.size
+                    else np.zeros(0, np.int64))
     pos = 0
     radius = []
     for i in split_idx:
