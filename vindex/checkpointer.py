@@ -21,12 +21,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
 from . import checkpoint, oplog
 from .attempts import Attempts
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 log = logging.getLogger("vindex.checkpoint")
 
@@ -44,7 +47,7 @@ class Checkpointer:
     """Checkpoints of one engine: counts writes, decides when one is due and saves it, on
     its own thread between ``start_thread`` and ``close`` (``save`` at build and close)."""
 
-    def __init__(self, engine, seq: int):
+    def __init__(self, engine: "Engine", seq: int):
         self._engine = engine
         self.seq = seq               # log covered by the newest checkpoint
         self.ops_since = 0           # vectors written since it

@@ -27,7 +27,7 @@ from .heads import METRIC_CODES, HeadGraph
 from .idmap import IdMap
 from .iosched import BackgroundPacer, yielding_pool
 from .progress import enabled
-from .rebalance import STALE_ARRAYS, Rebalancer, policy
+from .rebalance import STALE_ARRAYS, Rebalancer, drop_orphans, policy
 from .results import SearchResult
 from .search import search as run_search
 from .state import State
@@ -90,19 +90,10 @@ class Index:
                                            engine.store)
         # postings left over their limit or full of garbage by an earlier process
         g = engine.state.graph
-        self._drop_orphans()
+        drop_orphans(engine)
         if g.n:
             alive = np.flatnonzero(g.alive[: g.n])
             self._rebalancer.notify(policy.needing_work(engine, alive, alive))
-
-    def _drop_orphans(self) -> None:
-        """Postings of removed heads whose deferred drop a crash cut short (no search runs yet)."""
-        eng = self._engine
-        g = eng.state.graph
-        dead = np.flatnonzero(~g.alive[: g.n])
-        orphans = dead[eng.lengths(dead) > 0]
-        if orphans.size:
-            eng.store.commit(Change(drops=[int(p) for p in orphans]), IOClass.BACKGROUND)
 
     # --- construction -------------------------------------------------------------------------
     @classmethod

@@ -11,9 +11,9 @@ change under it in one atomic commit.
 from __future__ import annotations
 
 from . import policy
-from .cut import STALE_ARRAYS
+from .cut import STALE_ARRAYS, drop_orphans
 from .policy import CUT_FRACTION, FOLD_FRAGMENTS
 from .runner import PACE_SLICE_S, Rebalancer
 from .split import split_children
 
-__all__ = ["CUT_FRACTION", "policy", "FOLD_FRAGMENTS", "PACE_SLICE_S", "STALE_ARRAYS", "Rebalancer", "split_children"]
+__all__ = ["CUT_FRACTION", "policy", "FOLD_FRAGMENTS", "PACE_SLICE_S", "STALE_ARRAYS", "drop_orphans", "Rebalancer", "split_children"]

@@ -215,6 +215,16 @@ class CutPlan:
     keep: np.ndarray
 
 
+def drop_orphans(engine: Engine) -> None:
+    """Drop the postings of removed heads whose deferred drop a crash cut short (at open,
+    before any search runs)."""
+    g = engine.state.graph
+    dead = np.flatnonzero(~g.alive[: g.n])
+    orphans = dead[engine.lengths(dead) > 0]
+    if orphans.size:
+        engine.store.commit(Change(drops=[int(p) for p in orphans]), IOClass.BACKGROUND)
+
+
 def plan_cut(engine: Engine, reader: PostingReader, cuts: dict[int, np.ndarray]) -> CutPlan | None:
     """Read the live postings among ``cuts`` and mark what stays: everything live but the
     copies named in ``cuts[pid]`` (``vid * 256 + version`` keys: a copy the user rewrote
