@@ -98,7 +98,7 @@ def test_splits_keep_postings_within_limit_after_wait_idle(tmp_path):
         # of it; fewer wait (and searches skip them as duplicates meanwhile)
         from vindex.rebalance import CUT_FRACTION
         eng, rb = index._engine, index._rebalancer
-        stale = {p: k.size for p, k in rb._stale.items()}
+        stale = {p: k.size for p, k in rb.cuts._stale.items()}
         pids = np.array(sorted(stale), dtype=np.int64)
         if pids.size:
             waiting = np.array([stale[p] for p in pids.tolist()]) + eng.state.garbage[pids]
@@ -127,14 +127,14 @@ def test_copies_waiting_to_be_cut_survive_a_close_not_a_crash(tmp_path):
     model[5000] = index.get([5000])[0][0]
     # after the last upsert: the split it may cause leaves copies waiting too
     assert index.wait_idle(timeout=60)
-    waiting = {p: k.copy() for p, k in index._rebalancer._stale.items()}
+    waiting = {p: k.copy() for p, k in index._rebalancer.cuts._stale.items()}
     assert sum(k.size for k in waiting.values()) > 0
     shutil.copytree(tmp_path / "s", tmp_path / "crashed")  # as a kill leaves it
     index.close()
     for path, restored in ((tmp_path / "s", True), (tmp_path / "crashed", False)):
         with vindex.Index.open(path) as again:
             assert again.wait_idle(timeout=60)
-            stale = again._rebalancer._stale
+            stale = again._rebalancer.cuts._stale
             if restored:
                 assert again.stats()["stale_copies"] > 0
                 assert all(np.isin(k, waiting.get(p, k[:0])).all() for p, k in stale.items())
@@ -334,13 +334,13 @@ def test_a_copy_written_back_is_not_cut_later(tmp_path):
         assert index.wait_idle(timeout=10)
         with readers.search():  # a running search holds the deferred cuts back
             with rb._cv:
-                rb._stale = {5: np.array([1, 2, 3]), 7: np.array([4]), 8: np.array([2])}
-                rb._deferred = [(readers.now(), [], {5: np.array([2, 6]), 9: np.array([1])})]
-            rb._cancel_cuts(np.array([5, 7, 9, 5]), np.array([2, 9, 1, 3]))
+                rb.cuts._stale = {5: np.array([1, 2, 3]), 7: np.array([4]), 8: np.array([2])}
+                rb.cuts._deferred = [(readers.now(), [], {5: np.array([2, 6]), 9: np.array([1])})]
+            rb.cuts.cancel(np.array([5, 7, 9, 5]), np.array([2, 9, 1, 3]))
             with rb._cv:
-                stale = {p: k.tolist() for p, k in rb._stale.items()}
-                deferred = {p: k.tolist() for p, k in rb._deferred[0][2].items()}
-                rb._stale, rb._deferred = {}, []
+                stale = {p: k.tolist() for p, k in rb.cuts._stale.items()}
+                deferred = {p: k.tolist() for p, k in rb.cuts._deferred[0][2].items()}
+                rb.cuts._stale, rb.cuts._deferred = {}, []
         assert stale == {5: [1], 7: [4], 8: [2]}
         assert deferred == {5: [6], 9: []}
 
@@ -363,15 +363,15 @@ def test_moves_planned_before_a_posting_was_rewritten_leave_its_vectors_in_place
             # claim a copy of each in a posting far from it: no longer picked, so each moves
             far = np.full(vids.size, int(np.flatnonzero(eng.state.graph.alive)[0]), dtype=np.int64)
             holders = (np.concatenate((np.arange(vids.size), np.arange(vids.size))), np.concatenate((home, far)))
-            plan = rb._plan_moves(vids, versions, vecs, home, holders)
+            plan = rb.reassign.plan_moves(vids, versions, vecs, home, holders)
             assert plan.vids.size > 0
             before = dict(rb.counters)
-            stamp = rb._stamp
-            rb._mark_rewritten(far[:1])
-            rb._apply_moves(plan, stamp)
+            stamp = rb.cuts.stamp
+            rb.cuts.mark_rewritten(far[:1])
+            rb.reassign.apply_moves(plan, stamp)
             assert rb.counters["reassigns"] == before["reassigns"]
             assert rb.counters["reassign_overtaken"] - before["reassign_overtaken"] == plan.vids.size
-            rb._apply_moves(plan, rb._stamp)  # nothing rewritten since: the moves go ahead
+            rb.reassign.apply_moves(plan, rb.cuts.stamp)  # nothing rewritten since: the moves go ahead
             assert rb.counters["reassigns"] - before["reassigns"] == plan.vids.size
         assert index.wait_idle(timeout=60)
         assert index.verify().ok
@@ -388,16 +388,16 @@ def test_reading_ahead_returns_what_reading_each_list_does(tmp_path):
         rb, g = index._rebalancer, index._engine.state.graph
         alive = np.flatnonzero(g.alive[: g.n])
         lists = [alive[:5], alive[3:20], alive[-7:], alive[:0]]
-        ahead = list(rb._read_ahead(lists))
+        ahead = list(rb.reader.read_ahead(lists))
         assert len(ahead) == len(lists)
         for got, pids in zip(ahead, lists):
-            want = rb._read(pids)
+            want = rb.reader.read(pids)
             for a, b in zip(got, want):
                 np.testing.assert_array_equal(a, b)
-        reads = rb._read_ahead(lists)
+        reads = rb.reader.read_ahead(lists)
         next(reads)
         reads.close()  # a caller that stops early leaves no read behind
-        rb._reader.submit(lambda: None).result(timeout=10)
+        rb.reader.pool.submit(lambda: None).result(timeout=10)
 
 
 def test_rewritten_postings_move_their_heads_to_their_vectors_and_replay_it(tmp_path):
@@ -459,7 +459,7 @@ def test_a_round_keeps_what_was_written_between_its_read_and_the_writers_lock(tm
         model.update(zip(range(2000), x))
         assert index.wait_idle(timeout=60)
         rb, eng = index._rebalancer, index._engine
-        fetch, grew = rb._fetch, []
+        fetch, grew = rb.reader.fetch, []
 
         def fetch_then_write(pids):
             fetched = fetch(pids)
@@ -472,7 +472,7 @@ def test_a_round_keeps_what_was_written_between_its_read_and_the_writers_lock(tm
                 grew.append(int((eng.lengths(pids) > np.diff(fetched[1])).sum()))
             return fetched
 
-        rb._fetch = fetch_then_write
+        rb.reader.fetch = fetch_then_write
         y = ints(rng, 1000)  # postings go over their limit: a round reads and splits them
         index.upsert(np.arange(2000, 3000), y)
         model.update(zip(range(2000, 3000), y))

@@ -1,25 +1,18 @@
 """The engine: store + in-memory state + the commit path shared by foreground writes and
-background rebalancing, and checkpoints."""
+background rebalancing. Its checkpoints are ``checkpoints`` (see ``checkpointer``)."""
 from __future__ import annotations
 
 import threading
-from typing import Callable
 
 import numpy as np
 
-from . import checkpoint, layout, oplog
+from . import layout, oplog
+from .checkpointer import Checkpointer
 from .groupsync import GroupSync
 from .iosched import BackgroundPacer
 from .readers import Readers
 from .state import State
 from .storage import Change, IOClass, PostingStore
-
-
-def _ops(rec: oplog.Record) -> int:
-    """Vectors a record touches (checkpoint pacing)."""
-    a = rec.arrays
-    return sum(int(a[k].shape[0]) for k in ("u_vids", "d_vids", "r_vids", "m_vids") if k in a) or 1
-
 
 #: The smallest share of wall time foreground writes get under ``io_scheduler="sla"``.
 UPDATE_DUTY_FLOOR = 0.7
@@ -39,15 +32,8 @@ class Engine:
         self.lock = threading.RLock()
         self.readers = Readers()
         self.seq = seq                # last applied log sequence number
-        self.checkpoint_seq = seq     # log covered by the newest checkpoint
-        self._checkpoint_lock = threading.Lock()  # one checkpoint written at a time
-        self._checkpoint_failed = False
-        self.ops_since_checkpoint = 0
         self.build_stats = build_stats or {}
-        # more arrays for each checkpoint (the rebalancer's copies waiting to be cut), and
-        # those a checkpoint with no log after it held (see ``Index.open``)
-        self.checkpoint_extras: Callable[[], dict[str, np.ndarray]] | None = None
-        self.restored_extras: dict[str, np.ndarray] = {}
+        self.checkpoints = Checkpointer(self, seq)
         self.limit = self.config.posting_limit(self.dim)
         store.continue_after(seq)
         self.group = GroupSync(lambda: self.store.sync(), lambda: self.seq)
@@ -77,7 +63,7 @@ class Engine:
         self.seq = self.store.commit(change, io)
         with self.readers.exclusive():  # no search is between reading postings and checking versions
             self.state.apply(rec, graph_done=graph_done)
-        self.ops_since_checkpoint += _ops(rec)
+        self.checkpoints.note(rec)
 
     def acknowledge(self, seq: int) -> None:
         """Return once the user write committed as log record ``seq`` may be acknowledged:
@@ -95,41 +81,3 @@ class Engine:
         inside = pids < stored.shape[0]
         out[inside] = stored[pids[inside]]
         return out
-
-    def save_checkpoint(self) -> None:
-        """Save the state so reopening replays no log. Caller holds ``lock``."""
-        self.start_checkpoint()()
-
-    def start_checkpoint(self) -> Callable[[], None]:
-        """The part of a checkpoint that needs ``lock`` (caller holds it): make the store
-        durable up to ``seq`` and copy the state. Returns the rest, which does not: writing
-        the copy (47 MB on 1M, 0.2-0.4 s with its fsyncs, which writers waited for when it
-        ran under the lock), then dropping the log it covers. Any thread may run it; one
-        older than a checkpoint already written is skipped."""
-        if self.config.store == "memory":
-            self.ops_since_checkpoint = 0
-            return lambda: None
-        self.store.sync()
-        extras = self.checkpoint_extras() if self.checkpoint_extras is not None else {}
-        # copies: the writers change these arrays in place once the lock is released
-        arrays = {k: np.array(v) for k, v in {**self.state.arrays(), **extras}.items()}
-        seq, stats = self.seq, dict(self.build_stats)
-        self.ops_since_checkpoint = 0
-
-        def write() -> None:
-            with self._checkpoint_lock:
-                if seq < self.checkpoint_seq:
-                    return
-                try:
-                    checkpoint.save(self.path, seq, arrays, stats)
-                    self.store.truncate_log(seq)
-                    checkpoint.prune(self.path, seq)
-                except BaseException:
-                    self._checkpoint_failed = True  # due again at once (the log keeps everything)
-                    raise
-                self._checkpoint_failed = False
-                self.checkpoint_seq = seq
-        return write
-
-    def checkpoint_due(self) -> bool:
-        return self._checkpoint_failed or self.ops_since_checkpoint >= self.config.checkpoint_every

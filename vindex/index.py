@@ -13,6 +13,7 @@ import numpy as np
 
 from . import checkpoint, layout, oplog, validation, writes
 from .build import build_postings
+from .checkpointer import Checkpointer
 from .config import SMALL_SEARCH_QUERIES, IndexConfig, check_metric, record_bytes
 from .engine import Engine
 from .errors import CorruptionError, IdExistsError, IndexClosedError, InvalidInputError, preview
@@ -20,8 +21,8 @@ from .heads import METRIC_CODES, HeadGraph
 from .idmap import IdMap
 from .iosched import IOTargets, yielding_pool
 from .progress import enabled
+from .rebalance import STALE_ARRAYS, Rebalancer, drop_orphans, policy
 from .results import SearchResult
-from .rebalance import FOLD_FRAGMENTS, STALE_ARRAYS, Rebalancer
 from .search import search as run_search
 from .state import State
 from .storage import Change, IOClass, open_store, records
@@ -54,9 +55,10 @@ class _Threads:
         faiss.omp_set_num_threads(self._faiss)
 
 
-def _shutdown(rebalancer: Rebalancer, pool: ThreadPoolExecutor, store) -> None:
+def _shutdown(rebalancer: Rebalancer, checkpoints: Checkpointer, pool: ThreadPoolExecutor, store) -> None:
     """Stop the background work and release the store (``close`` or garbage collection)."""
     rebalancer.close()
+    checkpoints.close()
     pool.shutdown(wait=True)
     store.close()
 
@@ -77,25 +79,15 @@ class Index:
         # replica selection for upserts; under sla its threads yield the cores to searches
         self._pool = yielding_pool("vindex-insert", cfg.io_scheduler == "sla")
         self._rebalancer = Rebalancer(engine, enabled=cfg.rebalance)
-        self._finalizer = weakref.finalize(self, _shutdown, self._rebalancer, self._pool, engine.store)
+        engine.checkpoints.start_thread()
+        self._finalizer = weakref.finalize(self, _shutdown, self._rebalancer, engine.checkpoints, self._pool,
+                                           engine.store)
         # postings left over their limit or full of garbage by an earlier process
         g = engine.state.graph
-        self._drop_orphans()
+        drop_orphans(engine)
         if g.n:
             alive = np.flatnonzero(g.alive[: g.n])
-            lengths = engine.lengths(alive)
-            heavy = engine.state.garbage[alive] >= np.maximum(1, cfg.gc_fraction * lengths)
-            scattered = engine.store.fragments(alive) > FOLD_FRAGMENTS
-            self._rebalancer.notify(alive[(lengths > engine.limit) | heavy | scattered])
-
-    def _drop_orphans(self) -> None:
-        """Postings of removed heads whose deferred drop a crash cut short (no search runs yet)."""
-        eng = self._engine
-        g = eng.state.graph
-        dead = np.flatnonzero(~g.alive[: g.n])
-        orphans = dead[eng.lengths(dead) > 0]
-        if orphans.size:
-            eng.store.commit(Change(drops=[int(p) for p in orphans]), IOClass.BACKGROUND)
+            self._rebalancer.notify(policy.needing_work(engine, alive, alive))
 
     # --- construction -------------------------------------------------------------------------
     @classmethod
@@ -135,7 +127,7 @@ class Index:
                 graph = HeadGraph(dim, cfg.graph_degree, cfg.graph_alpha, cfg.graph_entries,
                                   exact_max_heads=cfg.exact_search_max_heads)
             engine = Engine(path, manifest, store, State(idmap, graph), seq=0, build_stats=stats)
-            engine.save_checkpoint()
+            engine.checkpoints.save()
             if cfg.store != "memory":
                 layout.write(path, manifest)
             return cls(engine)
@@ -185,9 +177,9 @@ class Index:
                 rec = oplog.decode(data)
                 state.apply(rec)
                 engine.seq = log_seq
-                engine.ops_since_checkpoint += 1
+                engine.checkpoints.ops_since += 1
             if engine.seq == seq:  # nothing happened after the checkpoint: its extras still hold
-                engine.restored_extras = {k: arrays[k] for k in STALE_ARRAYS if k in arrays}
+                engine.checkpoints.restored = {k: arrays[k] for k in STALE_ARRAYS if k in arrays}
             return cls(engine)
         except BaseException:
             store.close()
@@ -380,18 +372,7 @@ class Index:
 
     def _after_write(self, written: np.ndarray, old_homes: np.ndarray) -> None:
         """Queue postings a write pushed over their limit or filled with garbage."""
-        eng = self._engine
-        work = []
-        if written.size:
-            work.append(written[(eng.lengths(written) > eng.limit)
-                                | (eng.store.fragments(written) > FOLD_FRAGMENTS)])
-        if old_homes.size:
-            garbage = eng.state.garbage[old_homes]
-            work.append(old_homes[garbage >= np.maximum(1, self.config.gc_fraction * eng.lengths(old_homes))])
-        if work:
-            self._rebalancer.notify(np.concatenate(work))
-        if eng.checkpoint_due():
-            self._rebalancer.poke()
+        self._rebalancer.notify(policy.needing_work(self._engine, written, old_homes))
 
     def get(self, ids: Any, *, tenant: str = "default") -> tuple[np.ndarray, np.ndarray]:
         """Stored vectors of ``ids``: ``(vectors (n, dim) float32, found (n,) bool)``; rows of
@@ -440,7 +421,10 @@ class Index:
         after the call and fails (the work is retried, so a call after the cause is gone
         returns True; a round already running when it came is not held against it)."""
         self._check_open()
-        return self._rebalancer.wait_idle(timeout)
+        started = time.monotonic()
+        idle = self._rebalancer.wait_idle(timeout)
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        return self._engine.checkpoints.wait_idle(left) and idle
 
     def pause_background(self) -> contextlib.AbstractContextManager[None]:
         """A context in which no background rebalancing round starts (one already running
@@ -483,12 +467,12 @@ class Index:
             "reassigns_overtaken": bg["reassign_overtaken"],
             "gc": bg["gc"], "drops": bg["drops"], "background_rounds": bg["rounds"],
             "stale_copies": self._rebalancer.stale_copies,
-            "background_errors": bg["errors"], "background_queue": self._rebalancer.depth,
+            "background_errors": bg["errors"] + eng.checkpoints.errors, "background_queue": self._rebalancer.depth,
             "scrub_pending": self._rebalancer.scrub_pending,
             "scrubbed": bg["scrubbed"], "scrub_rechecked": bg["scrub_rechecked"],
             "log_seq": eng.seq,
-            "checkpoint_seq": eng.checkpoint_seq,
-            "checkpoints": bg["checkpoints"],
+            "checkpoint_seq": eng.checkpoints.seq,
+            "checkpoints": eng.checkpoints.count,
             "durability": self.config.durability,
             "io_scheduler": self.config.io_scheduler,
             "background_duty": eng.pacer.duty,
@@ -522,7 +506,7 @@ class Index:
         """Save the in-memory state so reopening replays no log."""
         self._check_open()
         with self._engine.lock:
-            self._engine.save_checkpoint()
+            self._engine.checkpoints.save()
 
     def close(self) -> None:
         """Stop background work, checkpoint if needed and release the store. Safe to call
@@ -533,10 +517,11 @@ class Index:
                 return
             self._closed = True
         self._rebalancer.close()
+        eng.checkpoints.close()
         try:
             with eng.lock:
-                if eng.seq != eng.checkpoint_seq:
-                    eng.save_checkpoint()
+                if eng.seq != eng.checkpoints.seq:
+                    eng.checkpoints.save()
         finally:
             self._finalizer()
 

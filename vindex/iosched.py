@@ -300,7 +300,7 @@ class IOScheduler:
         self._stop = False
         self.completed = {c: 0 for c in CLASSES}
         # two background slots: a rebalancing round reads its postings while the reassignment
-        # of the round before reads the neighbourhoods of its splits (``vindex/rebalance.py``)
+        # of the round before reads the neighbourhoods of its splits (``vindex/rebalance/reassign.py``)
         workers = workers or {IOClass.INTERACTIVE: 2, IOClass.UPDATE: 1, IOClass.BACKGROUND: 2}
         if mode == "fifo":
             plan = [(None, sum(workers.values()))]
