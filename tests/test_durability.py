@@ -404,3 +404,22 @@ def test_a_memory_index_past_its_checkpoint_interval_leaves_the_background_idle(
         before = idx.stats()["checkpoints"]
         time.sleep(0.3)
         assert before >= 1 and idx.stats()["checkpoints"] == before
+
+
+@pytest.mark.parametrize("mode, lowered", [("sla", True), ("fifo", False)])
+def test_the_checkpoint_thread_gives_the_cores_to_searches_under_sla(tmp_path, mode, lowered):
+    """Copying and writing a checkpoint is background work: under ``sla`` its thread runs at
+    the rebalancer's lowered CPU priority, as when checkpoints ran on the rebalancer's thread."""
+    from conftest import wait_until
+    from vindex.iosched import LOW_PRIORITY_NICE
+
+    rng = np.random.default_rng(0)
+    with vindex.Index.build(tmp_path / "idx", _vectors(rng, 500), io_scheduler=mode, **SMALL) as idx:
+        thread = idx._engine.checkpoints._thread
+        base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        wait_until(lambda: thread.native_id is not None, "the checkpoint thread to start")
+        if lowered:
+            wait_until(lambda: os.getpriority(os.PRIO_PROCESS, thread.native_id) >= LOW_PRIORITY_NICE,
+                       "the checkpoint thread's nice value to reach LOW_PRIORITY_NICE")
+        else:
+            assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == base

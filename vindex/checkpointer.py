@@ -27,6 +27,7 @@ import numpy as np
 
 from . import checkpoint, oplog
 from .attempts import Attempts
+from .iosched import lower_thread_priority
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -139,6 +140,8 @@ class Checkpointer:
         self._thread.start()
 
     def _run(self) -> None:
+        if self._engine.config.io_scheduler == "sla":
+            lower_thread_priority()  # copying and writing the state gives the cores to searches first
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._stop or self.due())
