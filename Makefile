@@ -31,4 +31,4 @@ bench: $(BIN)/python
 	$(BIN)/python -m bench.recall_qps --dataset glove-100k
 
 clean:
-	rm -rf $(VENV) vindex-data
+	rm -rf $(VENV) vindex-data build dist *.egg-info
