@@ -37,7 +37,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader logs which CPU build it picked
     limits = Limits(max_rows=args.max_rows, max_queries=args.max_queries, max_k=args.max_k,
                     max_results=args.max_results,
-                    max_concurrent_rpcs=args.max_concurrent_rpcs)
+                    max_concurrent_rpcs=args.max_concurrent_rpcs, max_client_rpcs=args.max_client_rpcs,
+                    max_inflight_bytes=args.max_inflight_bytes, inflight_wait_s=args.inflight_wait,
+                    stream_idle_timeout_s=args.stream_idle_timeout)
     if not 0.05 <= args.switch_interval_ms <= 100:
         raise SystemExit(f"--switch-interval-ms: expected 0.05..100, got {args.switch_interval_ms}")
     sys.setswitchinterval(args.switch_interval_ms / 1000)
@@ -57,6 +59,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # whoever started us stopped reading; the stop itself succeeded
         pass
     return 0
+
+
+def _positive(kind: type, zero: bool = False) -> Any:
+    """An argparse type: a number of ``kind`` above 0 (or at least 0 with ``zero``)."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (value >= 0 if zero else value > 0) or value != value:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"expected a number {'>= 0' if zero else '> 0'}, got {text}")
+        return value
+    return parse
 
 
 # --- client commands -----------------------------------------------------------------------------
@@ -191,8 +206,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-queries", type=int, default=10_000, help="queries per search request")
     s.add_argument("--max-k", type=int, default=1024)
     s.add_argument("--max-results", type=int, default=1_000_000, help="queries x k per search request")
-    s.add_argument("--max-concurrent-rpcs", type=int, default=256,
-                   help="calls beyond this are refused with RESOURCE_EXHAUSTED")
+    s.add_argument("--max-concurrent-rpcs", type=_positive(int), default=256,
+                   help="calls in flight, all clients together; beyond it RESOURCE_EXHAUSTED (health "
+                   "checks and reflection are never refused)")
+    s.add_argument("--max-client-rpcs", type=_positive(int), default=64,
+                   help="calls in flight of one client: its tenant with --tenants, else its address")
+    s.add_argument("--max-inflight-bytes", type=_positive(int), default=512 << 20,
+                   help="request bytes being worked on, all calls together (default 512 MiB)")
+    s.add_argument("--inflight-wait", type=_positive(float, zero=True), default=1.0, metavar="SECONDS",
+                   help="how long a request waits for room in --max-inflight-bytes before RESOURCE_EXHAUSTED")
+    s.add_argument("--stream-idle-timeout", type=_positive(float), default=30.0, metavar="SECONDS",
+                   help="an UpsertStream that sends nothing this long is ended (DEADLINE_EXCEEDED)")
     s.add_argument("--tenants", metavar="FILE", help="tenants, API keys, classes and quotas (JSON; see "
                    "docs/service.md); without it every call is the one tenant 'default', unauthenticated")
     s.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve TLS (with --tls-key)")

@@ -35,6 +35,7 @@ from vindex.iosched import lower_thread_priority
 
 from . import vindex_pb2 as pb
 from . import vindex_pb2_grpc as pb_grpc
+from .admission import Admission, AdmissionInterceptor
 from .batching import SearchBatcher
 from .collections import Collections
 from .status import RequestTooLargeError, code_for, message, trailers
@@ -52,13 +53,18 @@ DEADLINE_MARGIN_S = 0.005
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-request caps (the 64 MiB message limit applies as well)."""
+    """Per-request caps (the 64 MiB message limit applies as well) and admission caps."""
 
     max_rows: int = 100_000          # ids or vectors in one upsert, delete or get
     max_queries: int = 10_000        # queries in one search
     max_k: int = 1024
     max_results: int = 1_000_000     # queries x k in one search (bounds the response size)
-    max_concurrent_rpcs: int = 256   # beyond this, calls are refused with RESOURCE_EXHAUSTED
+    # admission (service/admission.py); health checking and reflection are never refused
+    max_concurrent_rpcs: int = 256   # calls in flight, all clients together
+    max_client_rpcs: int = 64        # calls in flight of one client (tenant, or peer address)
+    max_inflight_bytes: int = 512 << 20  # request bytes being worked on, all calls together
+    inflight_wait_s: float = 1.0     # how long a request waits for room in that budget
+    stream_idle_timeout_s: float = 30.0  # an UpsertStream sending nothing this long is ended
 
 
 def grpc_options() -> list[tuple[str, Any]]:
@@ -431,9 +437,14 @@ class Server:
                                        on_open=None if self.tenants is None else self.tenants.apply_io_quotas)
         self.servicer = VectorIndexServicer(self.collections, self.pool, config.limits, self.update_pool)
         self.health = health_aio.HealthServicer()
-        self.server = grpc.aio.server(
-            options=grpc_options(), maximum_concurrent_rpcs=config.limits.max_concurrent_rpcs,
-            interceptors=None if self.tenants is None else [TenantInterceptor(self.tenants, SERVICE_NAME)])
+        # admission is ours, not grpc's maximum_concurrent_rpcs: that one global counter also
+        # refuses health checks, and idle streams could fill it
+        self.admission = Admission(config.limits)
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            AdmissionInterceptor(self.admission, SERVICE_NAME, self.tenants)]  # outermost: see its docstring
+        if self.tenants is not None:
+            interceptors.append(TenantInterceptor(self.tenants, SERVICE_NAME))
+        self.server = grpc.aio.server(options=grpc_options(), interceptors=interceptors)
         add_servicer(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
