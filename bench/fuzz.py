@@ -22,6 +22,21 @@ health must be SERVING, the sentinel must hold its exact bytes and count, and ev
 collection must hold, for every id, one of the vectors acknowledged for it (and every id whose
 upsert was acknowledged and that no delete named). The server is then stopped (it must exit 0),
 restarted, and the data checked again. Writes ``<out>/fuzz.json``.
+
+Hostile-client modes (``bench/fuzz_admission.py``) check admission control instead:
+
+    python -m bench.fuzz --mode idle-streams [--streams 300] [--idle-timeout 5] [--max-client-rpcs N]
+    python -m bench.fuzz --mode slow-client  [--streams 300] [--idle-timeout 5] [--duration 15]
+
+* ``idle-streams``: ``--streams`` UpsertStreams open at once from ``127.0.0.1`` and never send.
+  Meanwhile that peer's health check must answer SERVING and another peer (``[::1]``) must be
+  served; every stream must end, DEADLINE_EXCEEDED saying it was idle once ``--idle-timeout``
+  passed (the server's ``--stream-idle-timeout``) or RESOURCE_EXHAUSTED naming the cap it hit.
+* ``slow-client``: the same streams each send a one-row chunk every third of the idle timeout
+  for ``--duration`` seconds, holding their slots; the same checks, then the admitted streams
+  must end OK with every acknowledged row stored and the others must have been refused.
+
+Each writes ``<out>/fuzz-<mode>.json`` and exits 1 unless every verdict holds.
 """
 from __future__ import annotations
 
@@ -85,8 +100,8 @@ def f32(x: np.ndarray) -> bytes:
 class ServerProc:
     READY = re.compile(r"^vindex: serving \d+ collection\(s\) .* on (\S+):(\d+) \(data ")
 
-    def __init__(self, data_dir: str, log_path: str):
-        self.data_dir, self.log_path = data_dir, log_path
+    def __init__(self, data_dir: str, log_path: str, extra: list[str] | None = None):
+        self.data_dir, self.log_path, self.extra = data_dir, log_path, extra or []
         self.proc: subprocess.Popen | None = None
         self.target = ""
 
@@ -96,6 +111,7 @@ class ServerProc:
                 "--log-level", "warning"]
         for key, value in LIMITS.items():
             args += [f"--{key.replace('_', '-')}", str(value)]
+        args += self.extra
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True)
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [lines.put(line) for line in self.proc.stdout] + [lines.put(None)],
@@ -670,7 +686,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--keep", action="store_true", help="keep the data directory and server log")
+    ap.add_argument("--mode", default="fuzz", choices=["fuzz", "idle-streams", "slow-client"])
+    ap.add_argument("--streams", type=int, default=300, help="hostile streams (modes other than fuzz)")
+    ap.add_argument("--idle-timeout", type=float, default=5.0, help="the server's --stream-idle-timeout")
+    ap.add_argument("--max-client-rpcs", type=int, default=0, help="the server's cap per client (0: its default)")
+    ap.add_argument("--duration", type=float, default=15.0, help="seconds slow clients keep sending")
     args = ap.parse_args(argv)
+    if args.mode != "fuzz":
+        return hostile_clients(args)
 
     root = tempfile.mkdtemp(prefix="vindex-fuzz-")
     run = Run(args, root)
@@ -734,6 +757,33 @@ def main(argv: list[str] | None = None) -> int:
     path = os.path.join(args.out, f"{name}.json")
     report.write_json(path, result)
     print(summary(result))
+    print(f"wrote {path}")
+    return 0 if all(result["verdict"].values()) else 1
+
+
+def hostile_clients(args: argparse.Namespace) -> int:
+    """``--mode idle-streams`` or ``slow-client``: see the module docstring."""
+    from . import fuzz_admission
+
+    root = tempfile.mkdtemp(prefix=f"vindex-fuzz-{args.mode}-")
+    server = ServerProc(os.path.join(root, "data"), os.path.join(root, "server.log"),
+                        fuzz_admission.server_args(args))
+    try:
+        server.start()
+        result = fuzz_admission.run_mode(args.mode, int(server.target.rpartition(":")[2]), args)
+        rc, clean = server.stop()
+        result["verdict"]["clean_stop"] = rc == 0 and clean
+        result["verdict"]["no_traceback"] = "Traceback" not in server.log()
+    finally:
+        if server.alive():
+            server.proc.kill()
+        if args.keep:
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    path = os.path.join(args.out, f"fuzz-{args.mode}.json")
+    report.write_json(path, result)
+    print(fuzz_admission.summary(result))
     print(f"wrote {path}")
     return 0 if all(result["verdict"].values()) else 1
 
