@@ -18,7 +18,7 @@ import asyncio
 import collections
 import inspect
 import urllib.parse
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, NamedTuple
 
 import grpc
 
@@ -77,17 +77,32 @@ class Admission:
             del self.by_client[client]
 
     # --- bytes -----------------------------------------------------------------------------------
+    def try_charge(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` of the budget if they fit now and no request is queued for room."""
+        if self._waiting or self.bytes + nbytes > self.limits.max_inflight_bytes:
+            return False
+        self.bytes += nbytes
+        return True
+
+    def over_budget(self, client: str, nbytes: int, waited_s: float = 0.0) -> ResourceExhaustedError:
+        """The refusal of a request of ``nbytes`` that did not fit (after waiting ``waited_s``)."""
+        self.refused["bytes"] += 1
+        budget = self.limits.max_inflight_bytes
+        if nbytes > budget:
+            return ResourceExhaustedError(
+                f"client {client}: a request of {nbytes} bytes is larger than the server's whole budget of "
+                f"request bytes in flight (--max-inflight-bytes {budget}); send smaller requests")
+        waited = f"waited {waited_s:g} s for room" if waited_s else "was refused at once"
+        return ResourceExhaustedError(
+            f"client {client}: {self.bytes} request bytes are in flight, the server's budget is "
+            f"--max-inflight-bytes {budget}; this request of {nbytes} bytes {waited}; retry shortly")
+
     async def charge(self, client: str, nbytes: int, wait_s: float | None = None) -> None:
         """Reserve ``nbytes`` of the budget, waiting up to ``wait_s`` (default ``inflight_wait_s``)
         behind earlier requests; raise :class:`ResourceExhaustedError` if they do not fit by then."""
-        budget = self.limits.max_inflight_bytes
-        if nbytes > budget:
-            self.refused["bytes"] += 1
-            raise ResourceExhaustedError(
-                f"client {client}: a request of {nbytes} bytes is larger than the server's whole budget of "
-                f"request bytes in flight (--max-inflight-bytes {budget}); send smaller requests")
-        if not self._waiting and self.bytes + nbytes <= budget:
-            self.bytes += nbytes
+        if nbytes > self.limits.max_inflight_bytes:
+            raise self.over_budget(client, nbytes)
+        if self.try_charge(nbytes):
             return
         granted = asyncio.get_running_loop().create_future()
         self._waiting.append((nbytes, granted))
@@ -102,11 +117,7 @@ class Admission:
                 self._grant()   # requests queued behind this one may fit now
             if isinstance(e, asyncio.CancelledError):
                 raise
-            self.refused["bytes"] += 1
-            raise ResourceExhaustedError(
-                f"client {client}: {self.bytes} request bytes are in flight, the server's budget "
-                f"(--max-inflight-bytes {budget}); this request of {nbytes} bytes waited {wait:g} s for room; "
-                f"retry shortly") from None
+            raise self.over_budget(client, nbytes, wait) from None
 
     def release(self, nbytes: int) -> None:
         self.bytes -= nbytes
@@ -143,6 +154,31 @@ def _sized(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], tup
     return parse
 
 
+class _Arrived(NamedTuple):
+    """A unary request as its deserializer left it: ``request`` is None when its bytes did not
+    fit the budget (it was not parsed); ``charged`` bytes are the handler's to release."""
+
+    nbytes: int
+    request: Any
+    charged: bool
+
+
+def _charged_on_arrival(admission: Admission, deserializer: Callable[[bytes], Any] | None
+                        ) -> Callable[[bytes], _Arrived]:
+    """A deserializer that charges the raw message's size before parsing it, and does not parse
+    a message that does not fit: a refused request never gets its parsed copy. The handler
+    starts right after it (grpc.aio awaits nothing in between), so it always releases."""
+    def parse(raw: bytes) -> _Arrived:
+        if not admission.try_charge(len(raw)):
+            return _Arrived(len(raw), None, False)
+        try:
+            return _Arrived(len(raw), raw if deserializer is None else deserializer(raw), True)
+        except BaseException:
+            admission.release(len(raw))
+            raise
+    return parse
+
+
 class AdmissionInterceptor(grpc.aio.ServerInterceptor):
     """Admits each call of ``service`` through ``admission``; other services pass untouched.
 
@@ -175,27 +211,27 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
     def _unary(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         behavior, admission = handler.unary_unary, self.admission
 
-        async def call(sized: tuple[int, Any], context: grpc.aio.ServicerContext) -> Any:
-            nbytes, request = sized
-            client = self.client(details, context)
+        async def call(arrived: _Arrived, context: grpc.aio.ServicerContext) -> Any:
             try:
-                admission.enter(client)
-            except ResourceExhaustedError as e:
-                await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, e)
-            try:
+                client = self.client(details, context)
+                if not arrived.charged:
+                    await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 admission.over_budget(client, arrived.nbytes))
                 try:
-                    await admission.charge(client, nbytes, _wait(admission, context))
+                    admission.enter(client)
                 except ResourceExhaustedError as e:
                     await _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, e)
                 try:
-                    return await behavior(request, context)
+                    return await behavior(arrived.request, context)
                 finally:
-                    admission.release(nbytes)
+                    admission.leave(client)
             finally:
-                admission.leave(client)
+                if arrived.charged:
+                    admission.release(arrived.nbytes)
 
-        return grpc.unary_unary_rpc_method_handler(call, request_deserializer=_sized(handler.request_deserializer),
-                                                   response_serializer=handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(
+            call, request_deserializer=_charged_on_arrival(admission, handler.request_deserializer),
+            response_serializer=handler.response_serializer)
 
     def _stream(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         behavior, admission = handler.stream_stream, self.admission

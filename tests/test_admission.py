@@ -188,7 +188,11 @@ def test_request_bytes_in_flight_are_bounded(tmp_path):
         size = _upsert(np.arange(rows), dim, "big").ByteSize()
         assert srv.server.admission.bytes == size
         _refused(lambda: stub.Upsert(_upsert(np.arange(rows, 2 * rows), dim, "big"), timeout=30),
-                 "client 127.0.0.1", "--max-inflight-bytes 1048576", "waited 0.2 s")
+                 "client 127.0.0.1", "--max-inflight-bytes 1048576", "refused at once")
+        # a stream's chunk waits for room, then is refused; the chunk before it stays acknowledged
+        stream = stub.UpsertStream(iter([_upsert([5]), _upsert(np.arange(rows, 2 * rows), dim, "big")]), timeout=30)
+        assert next(stream).upserted == 1
+        _refused(lambda: next(stream), "client 127.0.0.1", "waited 0.2 s")
         _refused(lambda: stub.Upsert(_upsert(np.arange(3 * rows), dim, "big"), timeout=30),
                  "larger than the server's whole budget")
         assert _search(stub).nq == 1              # a small request still fits beside it
