@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 import pytest
 
+import vindex
 from conftest import wait_until
 from test_service import ROOT, SERVING, Gate, InProcessServer, f32, health
 from vindex.errors import ResourceExhaustedError
@@ -112,6 +113,9 @@ def test_a_client_at_its_cap_does_not_starve_another(tmp_path):
         _refused(lambda: _search(stub), "client 127.0.0.1", "--max-client-rpcs 4")
         refused = stub.UpsertStream(iter([_upsert([1])]), timeout=30)
         _refused(lambda: list(refused), "client 127.0.0.1")
+        with vindex.Client(f"{V4}:{srv.server.port}", timeout=30) as client:
+            with pytest.raises(ResourceExhaustedError, match="--max-client-rpcs 4"):
+                client.list_collections()
         assert health(channel) == SERVING
         assert _search(other_stub).nq == 1   # another peer: its own share
     finally:
