@@ -583,7 +583,7 @@ class Run:
                 self.hangs.append({"method": method, "kind": kind, "seconds": round(secs, 2), "request": what})
             elif code not in DOCUMENTED:
                 self.bad.append({"method": method, "kind": kind, "code": code, "details": details[:300],
-                                 "request": what})
+                                 "request": what, "cause": f"{method} {code}: {details[:80]}"})
 
     def describe(self, method: str, payload: Any) -> str:
         if isinstance(payload, list):

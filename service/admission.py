@@ -4,12 +4,16 @@
 reflection pass through untouched, so a load balancer's probe is never refused. A call counts
 against a cap per client (the tenant its API key names when a tenants file is loaded, else the
 peer address without its port) and a global cap, from its start to its end (a stream for its
-whole length); a client at its cap is refused without touching anyone else's share. Each
-request message is charged its size in bytes against a global budget while the server works on
-it (a stream chunk until the servicer asks for the next one); a message that does not fit waits
-up to ``inflight_wait_s`` for bytes to be released, first come first served, and is then refused.
-A stream that sends nothing for ``stream_idle_timeout_s`` is ended with DEADLINE_EXCEEDED; the
-chunks acknowledged before stay stored. Every refusal is RESOURCE_EXHAUSTED naming the client
+whole length); a client at its cap is refused without touching anyone else's share.
+
+Request bytes in flight are bounded by a global budget. A unary request is charged its size by
+its deserializer, before it is parsed, and released when the call ends; one that does not fit
+is refused at once and never parsed (grpc.aio has already received it, so waiting would hold
+its bytes, which is what the budget bounds). A stream's chunk is charged when it arrives, until
+the servicer asks for the next one; one that does not fit waits up to ``inflight_wait_s``,
+first come first served, and is then refused (a stream holds one chunk at a time). A stream
+that sends no message for ``stream_idle_timeout_s`` is ended with DEADLINE_EXCEEDED; the chunks
+acknowledged before stay stored. Every other refusal is RESOURCE_EXHAUSTED naming the client
 and the cap. State is touched on the server's event loop only, so it needs no locks.
 """
 from __future__ import annotations

@@ -5,6 +5,8 @@ release the GIL, RocksDB reads and writes) runs on a thread pool, so a long sear
 durable write never blocks the loop. Health reports SERVING only once the kernels are compiled
 and every collection is open; SIGTERM/SIGINT reports NOT_SERVING, refuses new calls with
 UNAVAILABLE, lets running calls finish, then checkpoints and closes every collection.
+:class:`~service.admission.AdmissionInterceptor` caps calls in flight per client and overall,
+request bytes in flight and idle streams, never refusing health checks or reflection.
 With a tenants file, :class:`~service.tenants.TenantInterceptor` authenticates every call by
 its API key, checks its RPC class and charges its quota before the servicer sees it; TLS
 (optionally mutual) comes from PEM files.
