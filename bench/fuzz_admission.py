@@ -4,6 +4,7 @@ One server (``vindex serve --host localhost``, default admission caps unless giv
 peers of this machine: the hostile one (``127.0.0.1``) opens ``--streams`` UpsertStreams at once,
 the normal one (``[::1]``) searches. Every ``CHECK_EVERY_S`` while the streams are open, the
 hostile peer's own health check must answer SERVING and the normal client's Search must succeed.
+The machine needs IPv6 loopback (``::1``) for the second peer.
 
 * ``idle-streams``: the streams never send. Each must end, within the idle timeout plus a
   margin, either DEADLINE_EXCEEDED saying it was idle (it was admitted) or RESOURCE_EXHAUSTED
