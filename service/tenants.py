@@ -40,6 +40,7 @@ from vindex.iosched import TokenBucket
 
 from . import vindex_pb2 as pb
 from .collections import NAME_RE
+from .decoding import values_sent
 from .grants import Grants, collection_named
 from .status import QuotaExceededError, message, trailers
 
@@ -355,8 +356,11 @@ def api_key(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
 
 
 def _queries(request: Any) -> int:
+    if getattr(request, "nq", 0):
+        return request.nq  # the servicer refuses a request whose data does not match it
     dim = getattr(request, "dim", 0)
-    return max(1, len(getattr(request, "queries", b"")) // (4 * dim)) if dim > 0 else 1
+    sent = values_sent(getattr(request, "queries", b""), getattr(request, "float_queries", ()))
+    return max(1, sent // dim) if dim > 0 else 1
 
 
 def _rows(request: Any) -> int:
