@@ -246,6 +246,17 @@ def test_grants_checked_on_every_stream_message(server, stub):
         assert server.server.tenants.states["team-a"].refused["collection"] >= 1
 
 
+def test_fuzzing_as_a_granted_tenant(tmp_path):
+    """bench.fuzz --tenants: hostile requests from a tenant with grants never reach another
+    collection (every call naming one is PERMISSION_DENIED, List hides it, its data is intact)."""
+    from bench import fuzz
+
+    assert fuzz.main(["--requests", "400", "--tenants", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "fuzz-tenants.json").read_text())
+    assert result["verdict"]["grants_held"] and result["after"]["data"]["forbidden"]["ok"]
+    assert result["fuzz"]["by_status"]["PERMISSION_DENIED"] > 10 and result["fuzz"]["grants"]["checked"] > 300
+
+
 def test_grant_patterns():
     [t] = parse_tenants({"tenants": [_tenant(collections=["docs", "team-a.*"])]})
     assert [t.grants.allows(n) for n in ("docs", "docs2", "team-a.x", "team-a.", "team-a", "team-b.x")] == \
