@@ -13,12 +13,12 @@ Every call to ``vindex.v1.VectorIndex`` carries its key in the metadata ``x-api-
 UNAUTHENTICATED and an RPC outside the tenant's classes PERMISSION_DENIED, both before the
 request is parsed; once grpc has parsed it, a request (or stream message) naming a collection
 outside the tenant's grants (service/grants.py) is PERMISSION_DENIED too, and ListCollections
-shows only granted collections. Health checking and reflection stay open. Quotas are token buckets per
-tenant (searches spend one token per query, writes one per row) plus an optional cap on calls
-in flight; a refusal is RESOURCE_EXHAUSTED naming the tenant and the quota, with the wait in
-the ``grpc-retry-pushback-ms`` trailer. Keys are kept only as SHA-256 digests and compared with
-``hmac.compare_digest``. Quota state is touched on the server's event loop only, so it needs
-no locks.
+shows only granted collections. Health checking and reflection stay open. Quotas are token
+buckets per tenant (searches spend one token per query, writes one per row) plus an optional
+cap on calls in flight; a refusal is RESOURCE_EXHAUSTED naming the tenant and the quota, with
+the wait in the ``grpc-retry-pushback-ms`` trailer. Keys are kept only as SHA-256 digests and
+compared with ``hmac.compare_digest``. Quota state is touched on the server's event loop only,
+so it needs no locks.
 """
 from __future__ import annotations
 
