@@ -14,7 +14,15 @@ raw channel (bytes in, bytes out):
 * random bytes, and serialised requests with flipped bits, truncated, spliced or carrying
   invalid UTF-8, sent to any method;
 * ``UpsertStream`` calls mixing valid chunks with bad ones and garbage;
-* messages over the 64 MiB limit.
+* messages over the 64 MiB limit;
+* vectors sent as ``repeated float`` instead of bytes, as float64 bytes, in both fields at
+  once, and searches stating their query count ``nq`` rightly or wrongly.
+
+``--tenants`` serves with a tenants file: set-up and checks use an admin key, every fuzzed call
+a tenant granted only ``sentinel``, ``fuzz-*`` and ``scratch-*``, and a ``forbidden``
+collection (written at set-up, named by the fuzz) joins the checked data. Every call, and every
+stream message, naming a valid collection name outside those grants must be PERMISSION_DENIED
+(and every call inside them must not be), and ListCollections must show only granted names.
 
 Every call has a ``--timeout`` deadline (30 s): one that passes is a hang. A server process
 that dies is a crash (the server is restarted on the same data and the run goes on). At the end:
@@ -65,6 +73,9 @@ MODELED = {"fuzz-l2": (16, "l2"), "fuzz-ip": (8, "ip"), "fuzz-cos": (5, "cosine"
 PROTECTED = {SENTINEL, *MODELED}
 SCRATCH = [f"scratch-{i}" for i in range(4)]
 UNKNOWN = ["nope", "FUZZ-L2", "sentinel2", "0", "scratch-9"]
+FORBIDDEN = "forbidden"                 # --tenants: outside the fuzzing tenant's grants
+GRANTS = ["sentinel", "fuzz-*", "scratch-*"]
+KEYS = {"admin": "fuzz-admin-key", "fuzzer": "fuzz-tenant-key"}
 BAD_NAMES = ["", "a/b", "..", ".hidden", "a b", "x" * 65, "ünï", "nul\0l", "-dash", "y" * 3000, "name\n", "é" * 10]
 ANCHORS = np.arange(10**9, 10**9 + 100)  # written at set-up into every modeled collection, never named again
 G_IDS = (0, 2000)      # ids upserted with the deterministic vectors g(id)
@@ -153,10 +164,11 @@ class ServerProc:
 class Gen:
     """Fuzzed requests from a seeded generator: ``(method, payload bytes or list of chunks, kind)``."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, forbidden: bool = False):
         from vindex.service import vindex_pb2 as pb
 
         self.pb = pb
+        self.forbidden = [FORBIDDEN] if forbidden else []  # names outside the grants, with --tenants
         self.rng = np.random.default_rng(seed)
         methods = pb.DESCRIPTOR.services_by_name["VectorIndex"].methods
         self.request_types = {m.name: getattr(pb, m.input_type.name) for m in methods}
@@ -179,7 +191,7 @@ class Gen:
 
     def name(self, role: str) -> str:
         pools = {"read": [SENTINEL] * 2 + list(MODELED) * 4 + SCRATCH, "write": list(MODELED) * 5 + SCRATCH * 2,
-                 "drop": SCRATCH * 2, "create": SCRATCH * 3 + [SENTINEL, "fuzz-l2"]}[role]
+                 "drop": SCRATCH * 2, "create": SCRATCH * 3 + [SENTINEL, "fuzz-l2"]}[role] + self.forbidden * 2
         r = self.rng.random()
         if r < 0.75:
             return self.pick(pools)
@@ -236,6 +248,22 @@ class Gen:
             x = self.rng.choice(np.array([0.0, -0.0, 1e-45, -1e-38, 3.4e38, -3.4e38, 1.0, np.nan, np.inf, -np.inf],
                                          dtype=np.float32), size=(n, dim))
         return f32(x)
+
+    def encode(self, req: Any, field: str) -> Any:
+        """Maybe move ``field``'s bytes elsewhere: to its ``repeated float`` twin, to float64
+        bytes (twice the length: refused), or into both fields at once (refused)."""
+        buf = getattr(req, field)
+        if len(buf) % 4 or len(buf) > 1 << 20:
+            return req
+        twin, r = getattr(req, f"float_{field}"), self.rng.random()
+        if r < 0.15:
+            twin.extend(np.frombuffer(buf, "<f4").tolist())
+            req.ClearField(field)
+        elif buf and r < 0.18:
+            setattr(req, field, np.frombuffer(buf, "<f4").astype("<f8").tobytes())
+        elif buf and r < 0.21:
+            twin.extend(np.frombuffer(buf, "<f4").tolist())
+        return req
 
     def break_rows(self, buf: bytes, dim: int) -> tuple[bytes, int]:
         """Maybe damage the rows: partial rows, wrong dim field, injected NaN/Inf."""
@@ -319,7 +347,8 @@ class Gen:
             ids = self.ids(name)[0]
             n = len(ids) if self.chance(0.85) else int(self.rng.integers(0, 6))
             buf, dim = self.break_rows(self.floats(n, dim, name, ids), dim)
-            return pb.UpsertRequest(collection=name, ids=ids, vectors=buf, dim=dim, add_only=self.chance(0.2))
+            req = pb.UpsertRequest(collection=name, ids=ids, vectors=buf, dim=dim, add_only=self.chance(0.2))
+            return self.encode(req, "vectors")
         # Search
         name = self.name("read")
         dim = self.dim_of(name)
@@ -330,7 +359,10 @@ class Gen:
             buf = bytes(4 * dim * (LIMITS["max_queries"] + 1))
         k = int(self.rng.integers(1, 20)) if self.chance(0.7) else \
             int(self.pick([0, 1, 100, LIMITS["max_k"], LIMITS["max_k"] + 1, 2**32 - 1]))
-        req = pb.SearchRequest(collection=name, queries=buf, dim=dim, k=k)
+        req = self.encode(pb.SearchRequest(collection=name, queries=buf, dim=dim, k=k), "queries")
+        r = self.rng.random()
+        if r < 0.5:  # the count sent, or one that does not match it
+            req.nq = nq if r < 0.45 else nq + int(self.rng.integers(1, 3))
         if self.chance(0.3):
             req.max_postings = int(self.pick([1, 2, 64, 4096, 4097, 2**32 - 1]))
         if self.chance(0.3):
@@ -418,9 +450,9 @@ class Tracker:
         return [np.ascontiguousarray(row, "<f4").tobytes() for row in x]
 
     def upsert(self, req: Any, name: str, code: str) -> None:
-        if name not in MODELED or (code != "OK" and code not in AMBIGUOUS):
+        if name not in MODELED or (code != "OK" and code not in AMBIGUOUS) or (req.vectors and req.float_vectors):
             return
-        rows = self.stored_rows(name, req.vectors, req.dim)
+        rows = self.stored_rows(name, req.vectors or f32(np.array(req.float_vectors, np.float32)), req.dim)
         if rows is None or len(rows) != len(req.ids):
             return
         with self.lock:
@@ -453,7 +485,22 @@ class Run:
         from vindex.service import vindex_pb2 as pb
 
         self.grpc, self.pb, self.args = grpc, pb, args
-        self.server = ServerProc(os.path.join(root, "data"), os.path.join(root, "server.log"))
+        extra = []
+        self.grants = None   # with --tenants: the fuzzing tenant's grants
+        if args.tenants:
+            from vindex.service.grants import Grants
+
+            self.grants = Grants.parse(GRANTS)
+            path = os.path.join(root, "tenants.json")
+            with open(path, "w") as f:
+                json.dump({"tenants": [
+                    {"name": "admin", "api_keys": [KEYS["admin"]], "classes": ["interactive", "update", "admin"]},
+                    {"name": "fuzzer", "api_keys": [KEYS["fuzzer"]], "classes": ["interactive", "update", "admin"],
+                     "collections": GRANTS}]}, f)
+            extra = ["--tenants", path]
+        self.server = ServerProc(os.path.join(root, "data"), os.path.join(root, "server.log"), extra)
+        self.grant_checks = 0
+        self.grant_violations: list[dict] = []
         self.channel_lock = threading.Lock()
         self.channel = None
         self.tracker = Tracker()
@@ -482,10 +529,15 @@ class Run:
         self.server.start()
         self.connect()
 
-    def unary(self, method: str, payload: bytes, timeout: float | None = None) -> tuple[str, bytes | None, str]:
+    def metadata(self, who: str) -> tuple[tuple[str, str], ...]:
+        """The API key of ``who`` ("admin": set-up and checks; "fuzzer": fuzzed calls), if any."""
+        return (("x-api-key", KEYS[who]),) if self.grants is not None else ()
+
+    def unary(self, method: str, payload: bytes, timeout: float | None = None, who: str = "admin"
+              ) -> tuple[str, bytes | None, str]:
         call = self.channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=None, response_deserializer=None)
         try:
-            return "OK", call(payload, timeout=timeout or self.args.timeout), ""
+            return "OK", call(payload, timeout=timeout or self.args.timeout, metadata=self.metadata(who)), ""
         except self.grpc.RpcError as e:
             return e.code().name, None, e.details() or ""
 
@@ -505,6 +557,10 @@ class Run:
             req = pb.UpsertRequest(collection=name, ids=ids.tolist(), vectors=f32(g_rows(ids, dim)), dim=dim)
             self._must("Upsert", req)
             self.tracker.upsert(req, name, "OK")
+        if self.grants is not None:  # the fuzz names it; only PERMISSION_DENIED may come back
+            self._must("CreateCollection", pb.CreateCollectionRequest(name=FORBIDDEN, dim=16))
+            self._must("Upsert", pb.UpsertRequest(collection=FORBIDDEN, ids=list(range(1000)),
+                                                  vectors=f32(self.sentinel), dim=16))
 
     def _must(self, method: str, req: Any) -> bytes:
         code, res, details = self.unary(method, req.SerializeToString())
@@ -535,6 +591,12 @@ class Run:
         out[SENTINEL] = {"count": int(count), "all_found": all(res.found),
                          "bytes_identical": res.vectors == f32(self.sentinel)}
         out[SENTINEL]["ok"] = out[SENTINEL]["all_found"] and out[SENTINEL]["bytes_identical"] and count == 1000
+        if self.grants is not None:  # written at set-up with the sentinel's vectors, then only denied
+            code, raw, details = self.unary("Get", pb.GetRequest(collection=FORBIDDEN,
+                                                                 ids=list(range(1000))).SerializeToString())
+            res = pb.GetResponse.FromString(raw) if code == "OK" else pb.GetResponse()
+            out[FORBIDDEN] = {"count": sum(res.found), "ok": code == "OK" and res.vectors == f32(self.sentinel),
+                              "get": f"{code} {details}".strip()}
         for name, (dim, _) in MODELED.items():
             possible = self.tracker.possible[name]
             ids = sorted(possible)
@@ -581,7 +643,7 @@ class Run:
             self.latency.append(secs)
             if code == "DEADLINE_EXCEEDED":
                 self.hangs.append({"method": method, "kind": kind, "seconds": round(secs, 2), "request": what})
-            elif code not in DOCUMENTED:
+            elif code not in DOCUMENTED and not (code == "PERMISSION_DENIED" and self.grants is not None):
                 self.bad.append({"method": method, "kind": kind, "code": code, "details": details[:300],
                                  "request": what, "cause": f"{method} {code}: {details[:80]}"})
 
@@ -613,7 +675,7 @@ class Run:
         if stream:
             code, details, acks = self.stream(payload)
         else:
-            code, res, details = self.unary(method, payload)
+            code, res, details = self.unary(method, payload, who="fuzzer")
         secs = time.perf_counter() - t0
         if code == "UNAVAILABLE" and not self.server.alive():
             self.crashed(generation, method, kind, details, self.describe(method, payload))
@@ -622,6 +684,8 @@ class Run:
         if not stream and parsed is None and kind != "oversized" and code != "INVALID_ARGUMENT":
             with self.lock:
                 self.undecodable_not_invalid.append({"method": method, "code": code, "request": self.describe(method, payload)})
+        if self.grants is not None and kind != "oversized":
+            self.check_grants(method, parsed, code, details, acks if stream else res)
         # what may have been written to the modeled collections
         if stream:
             name = ""
@@ -635,12 +699,46 @@ class Run:
         elif method == "Delete" and parsed is not None:
             self.tracker.delete(parsed)
 
+    def check_grants(self, method: str, parsed: Any, code: str, details: str, answer: Any) -> None:
+        """With --tenants: a call (or stream message) naming a valid collection name outside
+        the grants is PERMISSION_DENIED, one inside them is not, and ListCollections shows
+        only granted collections. ``answer``: the stream's acknowledgement count, or the
+        unary response's bytes."""
+        from vindex.service.collections import NAME_RE
+        from vindex.service.grants import collection_named
+
+        def forbidden(name: str | None) -> bool:
+            return bool(name) and NAME_RE.fullmatch(name) is not None and not self.grants.allows(name)
+
+        problem = None
+        if method == "UpsertStream":
+            name, first = "", None
+            for i, req in enumerate(parsed):
+                name = (req.collection if req is not None else "") or name
+                if forbidden(name):
+                    first = i
+                    break
+            if first is not None and (answer > first or (answer == first and code != "PERMISSION_DENIED")):
+                problem = f"stream message {first} names {name!r}: {answer} acks, then {code}"
+        elif method == "ListCollections" and code == "OK":
+            shown = [c.name for c in self.pb.ListCollectionsResponse.FromString(answer).collections]
+            if any(forbidden(n) for n in shown):
+                problem = f"ListCollections shows {shown}"
+        elif parsed is not None:
+            name = collection_named(method, parsed)
+            if forbidden(name) != (code == "PERMISSION_DENIED"):
+                problem = f"{method} naming {name!r} answered {code}"
+        with self.lock:
+            self.grant_checks += 1
+            if problem is not None:
+                self.grant_violations.append({"method": method, "problem": problem, "details": details[:200]})
+
     def stream(self, chunks: list[bytes]) -> tuple[str, str, int]:
         call = self.channel.stream_stream(f"/{SERVICE}/UpsertStream", request_serializer=None,
                                           response_deserializer=None)
         acks = 0
         try:
-            for _ in call(iter(chunks), timeout=self.args.timeout):
+            for _ in call(iter(chunks), timeout=self.args.timeout, metadata=self.metadata("fuzzer")):
                 acks += 1
             return "OK", "", acks
         except self.grpc.RpcError as e:
@@ -658,7 +756,7 @@ class Run:
             self.generation += 1
 
     def fuzz(self, n: int) -> float:
-        gen = Gen(self.args.seed)
+        gen = Gen(self.args.seed, forbidden=self.grants is not None)
         requests = (gen.next() for _ in range(n))
         t0 = time.perf_counter()
         done = 0
@@ -691,6 +789,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-timeout", type=float, default=5.0, help="the server's --stream-idle-timeout")
     ap.add_argument("--max-client-rpcs", type=int, default=0, help="the server's cap per client (0: its default)")
     ap.add_argument("--duration", type=float, default=15.0, help="seconds slow clients keep sending")
+    ap.add_argument("--tenants", action="store_true",
+                    help="serve with a tenants file and fuzz as a tenant granted only some collections")
     args = ap.parse_args(argv)
     if args.mode != "fuzz":
         return hostile_clients(args)
@@ -699,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(args, root)
     result: dict[str, Any] = {"meta": {
         "requests": args.requests, "concurrency": args.concurrency, "timeout_s": args.timeout, "seed": args.seed,
-        "limits": LIMITS, "cores": os.cpu_count(),
+        "limits": LIMITS, "cores": os.cpu_count(), "tenants": args.tenants,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"), "modeled": {k: list(v) for k, v in MODELED.items()}}}
     try:
         t0 = time.perf_counter()
@@ -727,6 +827,10 @@ def main(argv: list[str] | None = None) -> int:
             "undecodable_not_invalid_argument": len(run.undecodable_not_invalid),
             "undecodable_examples": run.undecodable_not_invalid[:10],
         }
+        if run.grants is not None:
+            result["fuzz"]["grants"] = {"granted": GRANTS, "checked": run.grant_checks,
+                                        "violations": len(run.grant_violations),
+                                        "violation_examples": run.grant_violations[:10]}
         result["after"] = {"server_alive": run.server.alive(), "health": run.health(), "data": run.check_data()}
         log = run.server.log()
         result["after"]["log_tracebacks"] = log.count("Traceback")
@@ -753,7 +857,9 @@ def main(argv: list[str] | None = None) -> int:
         "serving_after": set(a["health"].values()) == {"SERVING"}, "data_intact": data_ok,
         "clean_stop": a["stop_exit_code"] == 0 and a["stop_clean"],
     }
-    name = "fuzz"
+    if args.tenants:
+        result["verdict"]["grants_held"] = f["grants"]["violations"] == 0
+    name = "fuzz-tenants" if args.tenants else "fuzz"
     path = os.path.join(args.out, f"{name}.json")
     report.write_json(path, result)
     print(summary(result))

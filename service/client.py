@@ -87,7 +87,7 @@ class Collection:
         k = validation.k(k)
         timeout = None if timeout is None else validation.seconds(timeout, "timeout")
         q = self._rows(queries, "queries")
-        req = pb.SearchRequest(collection=self.name, queries=q.tobytes(), dim=q.shape[1], k=k,
+        req = pb.SearchRequest(collection=self.name, queries=q.tobytes(), dim=q.shape[1], nq=q.shape[0], k=k,
                                max_postings=0 if max_postings is None else validation.positive_int(
                                    max_postings, "max_postings", upper=4096),
                                ef=0 if ef is None else validation.positive_int(ef, "ef", upper=65536))

@@ -40,6 +40,7 @@ from . import vindex_pb2_grpc as pb_grpc
 from .admission import Admission, AdmissionInterceptor
 from .batching import SearchBatcher
 from .collections import Collections
+from .decoding import decode_ids, decode_vectors, values_sent
 from .status import RequestTooLargeError, code_for, message, trailers
 from .tenants import TenantInterceptor, current_tenant, load_tenants
 from .tls import server_credentials
@@ -48,7 +49,6 @@ log = logging.getLogger("vindex.service")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["VectorIndex"].full_name
 MESSAGE_BYTES = 64 * 1024 * 1024
-MAX_ID = np.iinfo(np.int64).max
 #: Seconds before a search's gRPC deadline at which its still-queued reads are dropped.
 DEADLINE_MARGIN_S = 0.005
 
@@ -74,31 +74,7 @@ def grpc_options() -> list[tuple[str, Any]]:
             ("grpc.max_send_message_length", MESSAGE_BYTES)]
 
 
-# --- request decoding ---------------------------------------------------------------------------
-def decode_ids(raw: Any, limits: Limits, what: str = "ids") -> np.ndarray:
-    n = len(raw)
-    if n > limits.max_rows:
-        raise RequestTooLargeError(f"{what}: at most {limits.max_rows} per request, got {n}")
-    ids = np.array(raw, dtype=np.uint64)
-    if n and int(ids.max()) > MAX_ID:
-        bad = ids[ids > MAX_ID]
-        raise errors.InvalidIdError(f"{what}: expected ids <= 2^63-1, got {errors.preview(bad.tolist())}")
-    return ids.astype(np.int64)
-
-
-def decode_vectors(buf: bytes, dim: int, what: str, max_rows: int) -> np.ndarray:
-    if dim == 0:
-        raise errors.DimensionError(f"{what}: dim must be set to the vectors' dimension, got 0")
-    row = 4 * dim
-    if len(buf) % row:
-        raise errors.DimensionError(
-            f"{what}: {len(buf)} bytes is not a whole number of {dim}-dimensional float32 rows "
-            f"({row} bytes each)")
-    if len(buf) // row > max_rows:
-        raise RequestTooLargeError(f"{what}: at most {max_rows} rows per request, got {len(buf) // row}")
-    return np.frombuffer(buf, dtype="<f4").reshape(-1, dim)
-
-
+# --- request parsing ----------------------------------------------------------------------------
 class Undecodable:
     """A request whose bytes are not a valid message of its type (garbage, truncated, invalid
     UTF-8 in a string field). Parsing never raises: grpc would answer UNKNOWN; the handler
@@ -277,8 +253,9 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
 
     # updates
     def _upsert(self, request: pb.UpsertRequest, name: str) -> int:
-        ids = decode_ids(request.ids, self.limits)
-        x = decode_vectors(request.vectors, request.dim, "vectors", self.limits.max_rows)
+        ids = decode_ids(request.ids, self.limits.max_rows)
+        x = decode_vectors(request.vectors, request.float_vectors, request.dim, ids.size, "vectors",
+                           self.limits.max_rows, rows_are="ids")
         with self.collections.use(name) as index:
             (index.add if request.add_only else index.upsert)(ids, x)
         return int(ids.size)
@@ -299,7 +276,7 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
 
     async def Delete(self, request, context):
         def run():
-            ids = decode_ids(request.ids, self.limits)
+            ids = decode_ids(request.ids, self.limits.max_rows)
             with self.collections.use(request.collection) as index:
                 return index.delete(ids)
         return pb.DeleteResponse(deleted=await self._call(context, run, pool=self.update_pool))
@@ -308,7 +285,7 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         tenant = self.tenant_of(context)
 
         def run():
-            ids = decode_ids(request.ids, self.limits)
+            ids = decode_ids(request.ids, self.limits.max_rows)
             with self.collections.use(request.collection) as index:
                 if ids.size * index.dim * 4 > MESSAGE_BYTES - (1 << 20):
                     raise RequestTooLargeError(
@@ -352,7 +329,8 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         def checked() -> np.ndarray:
             if not 1 <= k <= self.limits.max_k:
                 raise errors.InvalidKError(f"k: expected an integer in 1..{self.limits.max_k}, got {k}")
-            q = decode_vectors(request.queries, request.dim, "queries", self.limits.max_queries)
+            q = decode_vectors(request.queries, request.float_queries, request.dim, request.nq or None, "queries",
+                               self.limits.max_queries, rows_are="nq")
             if q.shape[0] * k > self.limits.max_results:
                 raise RequestTooLargeError(f"queries x k: at most {self.limits.max_results} results per request, "
                                            f"got {q.shape[0]} x {k}")
@@ -361,7 +339,7 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
             return q
 
         async def coalesced() -> pb.SearchResponse:
-            if len(request.queries) > SMALL_SEARCH_QUERIES * 4 * max(1, request.dim):
+            if values_sent(request.queries, request.float_queries) > SMALL_SEARCH_QUERIES * max(1, request.dim):
                 # a batch already: checked and run on the pool, off the event loop
                 return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: respond(search(checked())))
             q = checked()  # small: cheap enough for the event loop

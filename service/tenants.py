@@ -1,9 +1,9 @@
-"""Tenants: who may call the service, which RPCs, and how much.
+"""Tenants: who may call the service, which RPCs, on which collections, and how much.
 
-A tenants file (JSON) names each tenant, its API keys, its classes and its quota::
+A tenants file (JSON) names each tenant, its API keys, its classes, its collections and its quota::
 
     {"tenants": [
-       {"name": "search-app", "api_keys": ["..."], "classes": ["interactive"],
+       {"name": "search-app", "api_keys": ["..."], "classes": ["interactive"], "collections": ["docs", "app.*"],
         "quota": {"queries_per_s": 200, "burst": 50, "postings_per_s": 10000}},
        {"name": "admin", "api_key_sha256": ["<64 hex digits>"], "classes": ["interactive", "update", "admin"]}
     ]}
@@ -11,12 +11,14 @@ A tenants file (JSON) names each tenant, its API keys, its classes and its quota
 Every call to ``vindex.v1.VectorIndex`` carries its key in the metadata ``x-api-key`` (or
 ``authorization: Bearer <key>``); :class:`TenantInterceptor` answers a missing or unknown key
 UNAUTHENTICATED and an RPC outside the tenant's classes PERMISSION_DENIED, both before the
-request is parsed. Health checking and reflection stay open. Quotas are token buckets per
-tenant (searches spend one token per query, writes one per row) plus an optional cap on calls
-in flight; a refusal is RESOURCE_EXHAUSTED naming the tenant and the quota, with the wait in
-the ``grpc-retry-pushback-ms`` trailer. Keys are kept only as SHA-256 digests and compared with
-``hmac.compare_digest``. Quota state is touched on the server's event loop only, so it needs
-no locks.
+request is parsed; once grpc has parsed it, a request (or stream message) naming a collection
+outside the tenant's grants (service/grants.py) is PERMISSION_DENIED too, and ListCollections
+shows only granted collections. Health checking and reflection stay open. Quotas are token
+buckets per tenant (searches spend one token per query, writes one per row) plus an optional
+cap on calls in flight; a refusal is RESOURCE_EXHAUSTED naming the tenant and the quota, with
+the wait in the ``grpc-retry-pushback-ms`` trailer. Keys are kept only as SHA-256 digests and
+compared with ``hmac.compare_digest``. Quota state is touched on the server's event loop only,
+so it needs no locks.
 """
 from __future__ import annotations
 
@@ -36,7 +38,10 @@ import grpc
 from vindex import errors
 from vindex.iosched import TokenBucket
 
+from . import vindex_pb2 as pb
 from .collections import NAME_RE
+from .decoding import values_sent
+from .grants import Grants, collection_named
 from .status import QuotaExceededError, message, trailers
 
 #: RPC classes and the ``vindex.v1.VectorIndex`` RPCs each one allows.
@@ -52,7 +57,7 @@ OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 API_KEY_HEADER = "x-api-key"
 KEY_RE = re.compile(r"[\x21-\x7e]+")   # printable ASCII, no spaces: what gRPC metadata carries
 HEX_RE = re.compile(r"[0-9a-fA-F]{64}")
-_TENANT_KEYS = {"name", "api_keys", "api_key_sha256", "classes", "quota"}
+_TENANT_KEYS = {"name", "api_keys", "api_key_sha256", "classes", "collections", "quota"}
 _QUOTA_KEYS = {"queries_per_s", "burst", "rows_per_s", "burst_rows", "postings_per_s", "burst_postings",
                "max_in_flight"}
 
@@ -88,6 +93,7 @@ class Tenant:
     classes: frozenset[str]
     quota: Quota
     key_digests: tuple[bytes, ...] = dataclasses.field(repr=False)
+    grants: Grants = dataclasses.field(default_factory=Grants.everything)  # "collections" left out: all
 
 
 # --- loading and validation ----------------------------------------------------------------------
@@ -170,7 +176,14 @@ def _tenant(where: str, raw: Any) -> Tenant:
     if bad or not classes or len(set(classes)) != len(classes):
         raise TenantConfigError(f"{where}.classes: expected distinct names from {sorted(CLASSES)}, got {classes!r}")
     quota = _quota(f"{where}.quota", raw["quota"]) if "quota" in raw else Quota()
-    return Tenant(name, frozenset(classes), quota, tuple(digests))
+    grants = Grants.everything()
+    if "collections" in raw:
+        patterns = _strings(f"{where}.collections", raw["collections"])
+        try:
+            grants = Grants.parse(patterns)
+        except ValueError as e:
+            raise TenantConfigError(f"{where}.collections{e}") from None
+    return Tenant(name, frozenset(classes), quota, tuple(digests), grants)
 
 
 def parse_tenants(doc: Any, source: str = "tenants") -> list[Tenant]:
@@ -225,7 +238,7 @@ class TenantState:
         self.in_flight = 0
         self.calls = 0
         self.spent = {"queries": 0, "rows": 0}
-        self.refused = {"class": 0, "in_flight": 0, "queries": 0, "rows": 0}
+        self.refused = {"class": 0, "collection": 0, "in_flight": 0, "queries": 0, "rows": 0}
 
     @property
     def name(self) -> str:
@@ -243,6 +256,25 @@ class TenantState:
 
     def leave(self) -> None:
         self.in_flight -= 1
+
+    def denial(self, collection: str | None) -> str | None:
+        """Why this tenant may not name ``collection`` (counted as a refusal), or None if it may.
+        A string that is no valid collection name names no collection: it passes, and the
+        servicer answers it INVALID_ARGUMENT. The answer is the same whether or not the
+        collection exists."""
+        grants = self.tenant.grants
+        if collection is None or grants.allows(collection) or not NAME_RE.fullmatch(collection):
+            return None
+        self.refused["collection"] += 1
+        return (f"tenant {self.name!r} may not use collection {collection!r}: its grants are "
+                f"{list(grants.patterns)}")
+
+    def visible(self, response: pb.ListCollectionsResponse) -> pb.ListCollectionsResponse:
+        """``response`` with only the collections this tenant is granted."""
+        grants = self.tenant.grants
+        if grants.all:
+            return response
+        return pb.ListCollectionsResponse(collections=[c for c in response.collections if grants.allows(c.name)])
 
     def charge(self, kind: str, cost: int) -> None:
         """Spend ``cost`` tokens of ``kind`` ("queries" or "rows"), or raise
@@ -324,8 +356,11 @@ def api_key(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
 
 
 def _queries(request: Any) -> int:
+    if getattr(request, "nq", 0):
+        return request.nq  # the servicer refuses a request whose data does not match it
     dim = getattr(request, "dim", 0)
-    return max(1, len(getattr(request, "queries", b"")) // (4 * dim)) if dim > 0 else 1
+    sent = values_sent(getattr(request, "queries", b""), getattr(request, "float_queries", ()))
+    return max(1, sent // dim) if dim > 0 else 1
 
 
 def _rows(request: Any) -> int:
@@ -389,17 +424,15 @@ class TenantInterceptor(grpc.aio.ServerInterceptor):
             return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED,
                             f"tenant {state.name!r} may not call {rpc}: it needs class {cls!r}, the tenant has "
                             f"{sorted(state.tenant.classes)}")
-        cost = COSTS.get(rpc)
         if not handler.request_streaming and not handler.response_streaming:
-            return self._unary(handler, state, cost)
+            return self._unary(handler, state, rpc)
         if handler.request_streaming and handler.response_streaming:
-            return self._stream(handler, state, cost)
+            return self._stream(handler, state, rpc)
         return _refusal(handler, grpc.StatusCode.UNIMPLEMENTED, f"{rpc}: this call shape is not served with tenants")
 
     @staticmethod
-    def _unary(handler: grpc.RpcMethodHandler, state: TenantState,
-               cost: tuple[str, Callable[[Any], int]] | None) -> grpc.RpcMethodHandler:
-        behavior = handler.unary_unary
+    def _unary(handler: grpc.RpcMethodHandler, state: TenantState, rpc: str) -> grpc.RpcMethodHandler:
+        behavior, cost = handler.unary_unary, COSTS.get(rpc)
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             _current.set(state)  # this call's task only
@@ -408,12 +441,16 @@ class TenantInterceptor(grpc.aio.ServerInterceptor):
             except QuotaExceededError as e:
                 await _abort_quota(context, e)
             try:
+                denied = state.denial(collection_named(rpc, request))
+                if denied is not None:
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied)
                 if cost is not None:
                     try:
                         state.charge(cost[0], cost[1](request))
                     except QuotaExceededError as e:
                         await _abort_quota(context, e)
-                return await behavior(request, context)
+                response = await behavior(request, context)
+                return state.visible(response) if rpc == "ListCollections" else response
             finally:
                 state.leave()
 
@@ -421,9 +458,8 @@ class TenantInterceptor(grpc.aio.ServerInterceptor):
                                                    response_serializer=handler.response_serializer)
 
     @staticmethod
-    def _stream(handler: grpc.RpcMethodHandler, state: TenantState,
-                cost: tuple[str, Callable[[Any], int]] | None) -> grpc.RpcMethodHandler:
-        behavior = handler.stream_stream
+    def _stream(handler: grpc.RpcMethodHandler, state: TenantState, rpc: str) -> grpc.RpcMethodHandler:
+        behavior, cost = handler.stream_stream, COSTS.get(rpc)
 
         async def call(request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[Any]:
@@ -434,7 +470,13 @@ class TenantInterceptor(grpc.aio.ServerInterceptor):
                 await _abort_quota(context, e)
 
             async def charged() -> AsyncIterator[Any]:
+                name = None
                 async for request in request_iterator:
+                    # a message without a collection continues the stream's (as the servicer reads it)
+                    name = collection_named(rpc, request) or name
+                    denied = state.denial(name)
+                    if denied is not None:
+                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied)
                     if cost is not None:  # each message as the servicer takes it: earlier
                         try:              # chunks stay acknowledged
                             state.charge(cost[0], cost[1](request))

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cvindex.proto\x12\tvindex.v1\"p\n\x17\x43reateCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x04 \x01(\t\x12\x15\n\rif_not_exists\x18\x05 \x01(\x08\"_\n\x0e\x43ollectionInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\x12\x13\n\x0b\x63onfig_json\x18\x05 \x01(\t\"%\n\x15\x44ropCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\")\n\x16\x44ropCollectionResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\"\x18\n\x16ListCollectionsRequest\"I\n\x17ListCollectionsResponse\x12.\n\x0b\x63ollections\x18\x01 \x03(\x0b\x32\x19.vindex.v1.CollectionInfo\")\n\x19\x44\x65scribeCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"`\n\rUpsertRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x0f\n\x07vectors\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\x10\n\x08\x61\x64\x64_only\x18\x05 \x01(\x08\"\"\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\x04\";\n\tUpsertAck\x12\r\n\x05\x63hunk\x18\x01 \x01(\x04\x12\x10\n\x08upserted\x18\x02 \x01(\x04\x12\r\n\x05total\x18\x03 \x01(\x04\"0\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"-\n\nGetRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\":\n\x0bGetResponse\x12\x0f\n\x07vectors\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\r\n\x05\x66ound\x18\x03 \x03(\x08\"\x88\x01\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0f\n\x07queries\x18\x02 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x03 \x01(\r\x12\t\n\x01k\x18\x04 \x01(\r\x12\x14\n\x0cmax_postings\x18\x05 \x01(\r\x12\x10\n\x03\x65ps\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\n\n\x02\x65\x66\x18\x07 \x01(\rB\x06\n\x04_eps\"\x9d\x01\n\x0eSearchResponse\x12\n\n\x02nq\x18\x01 \x01(\r\x12\t\n\x01k\x18\x02 \x01(\r\x12\x0b\n\x03ids\x18\x03 \x03(\x03\x12\x11\n\tdistances\x18\x04 \x03(\x02\x12\x10\n\x08postings\x18\x05 \x01(\x04\x12\x17\n\x0frecords_scanned\x18\x06 \x01(\x04\x12\x0f\n\x07partial\x18\x07 \x01(\x08\x12\x18\n\x10postings_dropped\x18\x08 \x01(\x04\"\"\n\x0cStatsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"#\n\rStatsResponse\x12\x12\n\nstats_json\x18\x01 \x01(\t\"5\n\x0c\x46lushRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\twait_idle\x18\x02 \x01(\x08\"\x1d\n\rFlushResponse\x12\x0c\n\x04idle\x18\x01 \x01(\x08\x32\x97\x06\n\x0bVectorIndex\x12Q\n\x10\x43reateCollection\x12\".vindex.v1.CreateCollectionRequest\x1a\x19.vindex.v1.CollectionInfo\x12U\n\x0e\x44ropCollection\x12 .vindex.v1.DropCollectionRequest\x1a!.vindex.v1.DropCollectionResponse\x12X\n\x0fListCollections\x12!.vindex.v1.ListCollectionsRequest\x1a\".vindex.v1.ListCollectionsResponse\x12U\n\x12\x44\x65scribeCollection\x12$.vindex.v1.DescribeCollectionRequest\x1a\x19.vindex.v1.CollectionInfo\x12=\n\x06Upsert\x12\x18.vindex.v1.UpsertRequest\x1a\x19.vindex.v1.UpsertResponse\x12\x42\n\x0cUpsertStream\x12\x18.vindex.v1.UpsertRequest\x1a\x14.vindex.v1.UpsertAck(\x01\x30\x01\x12=\n\x06\x44\x65lete\x12\x18.vindex.v1.DeleteRequest\x1a\x19.vindex.v1.DeleteResponse\x12\x34\n\x03Get\x12\x15.vindex.v1.GetRequest\x1a\x16.vindex.v1.GetResponse\x12=\n\x06Search\x12\x18.vindex.v1.SearchRequest\x1a\x19.vindex.v1.SearchResponse\x12:\n\x05Stats\x12\x17.vindex.v1.StatsRequest\x1a\x18.vindex.v1.StatsResponse\x12:\n\x05\x46lush\x12\x17.vindex.v1.FlushRequest\x1a\x18.vindex.v1.FlushResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cvindex.proto\x12\tvindex.v1\"p\n\x17\x43reateCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x04 \x01(\t\x12\x15\n\rif_not_exists\x18\x05 \x01(\x08\"_\n\x0e\x43ollectionInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\x12\x13\n\x0b\x63onfig_json\x18\x05 \x01(\t\"%\n\x15\x44ropCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\")\n\x16\x44ropCollectionResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\"\x18\n\x16ListCollectionsRequest\"I\n\x17ListCollectionsResponse\x12.\n\x0b\x63ollections\x18\x01 \x03(\x0b\x32\x19.vindex.v1.CollectionInfo\")\n\x19\x44\x65scribeCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"w\n\rUpsertRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x0f\n\x07vectors\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\x10\n\x08\x61\x64\x64_only\x18\x05 \x01(\x08\x12\x15\n\rfloat_vectors\x18\x06 \x03(\x02\"\"\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\x04\";\n\tUpsertAck\x12\r\n\x05\x63hunk\x18\x01 \x01(\x04\x12\x10\n\x08upserted\x18\x02 \x01(\x04\x12\r\n\x05total\x18\x03 \x01(\x04\"0\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"-\n\nGetRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\":\n\x0bGetResponse\x12\x0f\n\x07vectors\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\r\n\x05\x66ound\x18\x03 \x03(\x08\"\xab\x01\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0f\n\x07queries\x18\x02 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x03 \x01(\r\x12\t\n\x01k\x18\x04 \x01(\r\x12\x14\n\x0cmax_postings\x18\x05 \x01(\r\x12\x10\n\x03\x65ps\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\n\n\x02\x65\x66\x18\x07 \x01(\r\x12\x15\n\rfloat_queries\x18\x08 \x03(\x02\x12\n\n\x02nq\x18\t \x01(\rB\x06\n\x04_eps\"\x9d\x01\n\x0eSearchResponse\x12\n\n\x02nq\x18\x01 \x01(\r\x12\t\n\x01k\x18\x02 \x01(\r\x12\x0b\n\x03ids\x18\x03 \x03(\x03\x12\x11\n\tdistances\x18\x04 \x03(\x02\x12\x10\n\x08postings\x18\x05 \x01(\x04\x12\x17\n\x0frecords_scanned\x18\x06 \x01(\x04\x12\x0f\n\x07partial\x18\x07 \x01(\x08\x12\x18\n\x10postings_dropped\x18\x08 \x01(\x04\"\"\n\x0cStatsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"#\n\rStatsResponse\x12\x12\n\nstats_json\x18\x01 \x01(\t\"5\n\x0c\x46lushRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\twait_idle\x18\x02 \x01(\x08\"\x1d\n\rFlushResponse\x12\x0c\n\x04idle\x18\x01 \x01(\x08\x32\x97\x06\n\x0bVectorIndex\x12Q\n\x10\x43reateCollection\x12\".vindex.v1.CreateCollectionRequest\x1a\x19.vindex.v1.CollectionInfo\x12U\n\x0e\x44ropCollection\x12 .vindex.v1.DropCollectionRequest\x1a!.vindex.v1.DropCollectionResponse\x12X\n\x0fListCollections\x12!.vindex.v1.ListCollectionsRequest\x1a\".vindex.v1.ListCollectionsResponse\x12U\n\x12\x44\x65scribeCollection\x12$.vindex.v1.DescribeCollectionRequest\x1a\x19.vindex.v1.CollectionInfo\x12=\n\x06Upsert\x12\x18.vindex.v1.UpsertRequest\x1a\x19.vindex.v1.UpsertResponse\x12\x42\n\x0cUpsertStream\x12\x18.vindex.v1.UpsertRequest\x1a\x14.vindex.v1.UpsertAck(\x01\x30\x01\x12=\n\x06\x44\x65lete\x12\x18.vindex.v1.DeleteRequest\x1a\x19.vindex.v1.DeleteResponse\x12\x34\n\x03Get\x12\x15.vindex.v1.GetRequest\x1a\x16.vindex.v1.GetResponse\x12=\n\x06Search\x12\x18.vindex.v1.SearchRequest\x1a\x19.vindex.v1.SearchResponse\x12:\n\x05Stats\x12\x17.vindex.v1.StatsRequest\x1a\x18.vindex.v1.StatsResponse\x12:\n\x05\x46lush\x12\x17.vindex.v1.FlushRequest\x1a\x18.vindex.v1.FlushResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,31 +46,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBECOLLECTIONREQUEST']._serialized_start=421
   _globals['_DESCRIBECOLLECTIONREQUEST']._serialized_end=462
   _globals['_UPSERTREQUEST']._serialized_start=464
-  _globals['_UPSERTREQUEST']._serialized_end=560
-  _globals['_UPSERTRESPONSE']._serialized_start=562
-  _globals['_UPSERTRESPONSE']._serialized_end=596
-  _globals['_UPSERTACK']._serialized_start=598
-  _globals['_UPSERTACK']._serialized_end=657
-  _globals['_DELETEREQUEST']._serialized_start=659
-  _globals['_DELETEREQUEST']._serialized_end=707
-  _globals['_DELETERESPONSE']._serialized_start=709
-  _globals['_DELETERESPONSE']._serialized_end=742
-  _globals['_GETREQUEST']._serialized_start=744
-  _globals['_GETREQUEST']._serialized_end=789
-  _globals['_GETRESPONSE']._serialized_start=791
-  _globals['_GETRESPONSE']._serialized_end=849
-  _globals['_SEARCHREQUEST']._serialized_start=852
-  _globals['_SEARCHREQUEST']._serialized_end=988
-  _globals['_SEARCHRESPONSE']._serialized_start=991
-  _globals['_SEARCHRESPONSE']._serialized_end=1148
-  _globals['_STATSREQUEST']._serialized_start=1150
-  _globals['_STATSREQUEST']._serialized_end=1184
-  _globals['_STATSRESPONSE']._serialized_start=1186
-  _globals['_STATSRESPONSE']._serialized_end=1221
-  _globals['_FLUSHREQUEST']._serialized_start=1223
-  _globals['_FLUSHREQUEST']._serialized_end=1276
-  _globals['_FLUSHRESPONSE']._serialized_start=1278
-  _globals['_FLUSHRESPONSE']._serialized_end=1307
-  _globals['_VECTORINDEX']._serialized_start=1310
-  _globals['_VECTORINDEX']._serialized_end=2101
+  _globals['_UPSERTREQUEST']._serialized_end=583
+  _globals['_UPSERTRESPONSE']._serialized_start=585
+  _globals['_UPSERTRESPONSE']._serialized_end=619
+  _globals['_UPSERTACK']._serialized_start=621
+  _globals['_UPSERTACK']._serialized_end=680
+  _globals['_DELETEREQUEST']._serialized_start=682
+  _globals['_DELETEREQUEST']._serialized_end=730
+  _globals['_DELETERESPONSE']._serialized_start=732
+  _globals['_DELETERESPONSE']._serialized_end=765
+  _globals['_GETREQUEST']._serialized_start=767
+  _globals['_GETREQUEST']._serialized_end=812
+  _globals['_GETRESPONSE']._serialized_start=814
+  _globals['_GETRESPONSE']._serialized_end=872
+  _globals['_SEARCHREQUEST']._serialized_start=875
+  _globals['_SEARCHREQUEST']._serialized_end=1046
+  _globals['_SEARCHRESPONSE']._serialized_start=1049
+  _globals['_SEARCHRESPONSE']._serialized_end=1206
+  _globals['_STATSREQUEST']._serialized_start=1208
+  _globals['_STATSREQUEST']._serialized_end=1242
+  _globals['_STATSRESPONSE']._serialized_start=1244
+  _globals['_STATSRESPONSE']._serialized_end=1279
+  _globals['_FLUSHREQUEST']._serialized_start=1281
+  _globals['_FLUSHREQUEST']._serialized_end=1334
+  _globals['_FLUSHRESPONSE']._serialized_start=1336
+  _globals['_FLUSHRESPONSE']._serialized_end=1365
+  _globals['_VECTORINDEX']._serialized_start=1368
+  _globals['_VECTORINDEX']._serialized_end=2159
 # @@protoc_insertion_point(module_scope)

@@ -63,18 +63,20 @@ class DescribeCollectionRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class UpsertRequest(_message.Message):
-    __slots__ = ("collection", "ids", "vectors", "dim", "add_only")
+    __slots__ = ("collection", "ids", "vectors", "dim", "add_only", "float_vectors")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     VECTORS_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     ADD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    FLOAT_VECTORS_FIELD_NUMBER: _ClassVar[int]
     collection: str
     ids: _containers.RepeatedScalarFieldContainer[int]
     vectors: bytes
     dim: int
     add_only: bool
-    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., vectors: _Optional[bytes] = ..., dim: _Optional[int] = ..., add_only: _Optional[bool] = ...) -> None: ...
+    float_vectors: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., vectors: _Optional[bytes] = ..., dim: _Optional[int] = ..., add_only: _Optional[bool] = ..., float_vectors: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class UpsertResponse(_message.Message):
     __slots__ = ("upserted",)
@@ -125,7 +127,7 @@ class GetResponse(_message.Message):
     def __init__(self, vectors: _Optional[bytes] = ..., dim: _Optional[int] = ..., found: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "queries", "dim", "k", "max_postings", "eps", "ef")
+    __slots__ = ("collection", "queries", "dim", "k", "max_postings", "eps", "ef", "float_queries", "nq")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +135,8 @@ class SearchRequest(_message.Message):
     MAX_POSTINGS_FIELD_NUMBER: _ClassVar[int]
     EPS_FIELD_NUMBER: _ClassVar[int]
     EF_FIELD_NUMBER: _ClassVar[int]
+    FLOAT_QUERIES_FIELD_NUMBER: _ClassVar[int]
+    NQ_FIELD_NUMBER: _ClassVar[int]
     collection: str
     queries: bytes
     dim: int
@@ -140,7 +144,9 @@ class SearchRequest(_message.Message):
     max_postings: int
     eps: float
     ef: int
-    def __init__(self, collection: _Optional[str] = ..., queries: _Optional[bytes] = ..., dim: _Optional[int] = ..., k: _Optional[int] = ..., max_postings: _Optional[int] = ..., eps: _Optional[float] = ..., ef: _Optional[int] = ...) -> None: ...
+    float_queries: _containers.RepeatedScalarFieldContainer[float]
+    nq: int
+    def __init__(self, collection: _Optional[str] = ..., queries: _Optional[bytes] = ..., dim: _Optional[int] = ..., k: _Optional[int] = ..., max_postings: _Optional[int] = ..., eps: _Optional[float] = ..., ef: _Optional[int] = ..., float_queries: _Optional[_Iterable[float]] = ..., nq: _Optional[int] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
     __slots__ = ("nq", "k", "ids", "distances", "postings", "records_scanned", "partial", "postings_dropped")

@@ -9,7 +9,9 @@ acknowledged write; after every example the index holds exactly the model (count
 
 gRPC: one ``vindex serve`` subprocess for the module. Structured requests of every RPC (valid,
 single-defect, wild), raw garbage bytes and mutated serialisations sent through a raw channel,
-upsert streams mixing valid chunks with garbage, and messages over 64 MiB. Every status is a
+upsert streams mixing valid chunks with garbage, and messages over 64 MiB. Vectors go as bytes
+or as their ``repeated float`` twins, as float64 bytes or in both fields (both refused), and
+searches state their ``nq`` rightly, wrongly (refused) or not at all. Every status is a
 documented one (never UNKNOWN or INTERNAL), library errors carry their class in the trailers,
 predictable outcomes are the predicted code, and a call never exceeds its 30 s deadline. The
 collections written before fuzzing are checked after every example: ``sentinel`` (never
@@ -642,6 +644,11 @@ def f32(x: np.ndarray) -> bytes:
     return np.ascontiguousarray(x, dtype="<f4").tobytes()
 
 
+def sent_values(req, field: str) -> bytes:
+    """The float32 bytes a request carries in ``field`` or in its ``float_`` twin."""
+    return getattr(req, field) or f32(np.array(getattr(req, f"float_{field}"), np.float32))
+
+
 class World:
     """The served collections and their models, checked after every example."""
 
@@ -679,7 +686,7 @@ class World:
             name = request.collection or stream_name
             if name in self.models:
                 dim = MODELED[name]
-                self.stored(name, request.ids, np.frombuffer(request.vectors, "<f4").reshape(-1, dim))
+                self.stored(name, request.ids, np.frombuffer(sent_values(request, "vectors"), "<f4").reshape(-1, dim))
         elif method == "Delete" and request.collection in self.models:
             model = self.models[request.collection]
             assert response.deleted == sum(int(i) in model for i in set(request.ids))
@@ -791,7 +798,45 @@ def ids_for(draw, name: str) -> list[int]:
 
 @st.composite
 def grpc_case(draw, world: World, methods: list[str] | None = None):
-    """``(method, request, allowed codes)``: valid, single-defect or wild requests of every RPC."""
+    """``(method, request, allowed codes)``: valid, single-defect or wild requests of every RPC,
+    their vectors sent in any of the ways the protocol has (see :func:`vector_encoding`)."""
+    method, req, allowed = draw(structured_case(world, methods))
+    if method in ("Upsert", "Search"):
+        allowed = vector_encoding(draw, req, "vectors" if method == "Upsert" else "queries", allowed)
+    return method, req, allowed
+
+
+def vector_encoding(draw, req, field: str, allowed: set) -> set:
+    """Send ``req``'s vector bytes as they are, as its ``repeated float`` twin (same outcome),
+    as float64 bytes or in both fields (refused); give a search its ``nq``, right (same
+    outcome) or wrong (refused). Returns the codes allowed then."""
+    buf, dim = getattr(req, field), req.dim
+    how = draw(st.sampled_from(["bytes", "bytes", "floats", "both", "float64"]))
+    nq = draw(st.sampled_from(["unset", "right", "wrong"])) if field == "queries" else "unset"
+    refused = allowed if allowed == ALLOWED else {INVALID, EXHAUSTED}  # a row limit may come first
+    if len(buf) % 4 or len(buf) > 1 << 16:
+        return allowed
+    rows = len(buf) // (4 * dim) if dim and len(buf) % (4 * dim) == 0 else None
+    if how == "floats":
+        getattr(req, f"float_{field}").extend(np.frombuffer(buf, "<f4").tolist())
+        req.ClearField(field)
+    elif how == "both" and buf:
+        getattr(req, f"float_{field}").extend(np.frombuffer(buf, "<f4")[:dim or 1].tolist())
+        return refused
+    elif how == "float64" and rows and (field == "vectors" or nq != "unset"):
+        setattr(req, field, np.frombuffer(buf, "<f4").astype("<f8").tobytes())
+        if field == "queries":
+            req.nq = rows
+        return refused if field == "queries" or len(req.ids) == rows else allowed
+    if rows and nq != "unset":
+        req.nq = rows if nq == "right" else rows + 1
+        return allowed if nq == "right" else refused
+    return allowed
+
+
+@st.composite
+def structured_case(draw, world: World, methods: list[str] | None = None):
+    """``(method, request, allowed codes)`` with vectors as bytes."""
     method = draw(st.sampled_from(methods or UNARY + ["Upsert", "Search", "Get", "Delete"]))
     kind = draw(st.sampled_from(["valid", "valid", "defect", "wild"]))
     read_names = [SENTINEL, FUZZ, FUZZ_COS]
@@ -1008,7 +1053,7 @@ def check_response(world: World, method: str, req, res) -> None:
         want = b"".join(model.get(int(i), bytes(4 * dim)) for i in req.ids)
         assert res.vectors == want
     elif method == "Search":
-        nq = len(req.queries) // (4 * req.dim)
+        nq = len(sent_values(req, "queries")) // (4 * req.dim)
         assert (res.nq, res.k, len(res.ids), len(res.distances)) == (nq, req.k, nq * req.k, nq * req.k)
         if name in world.models:
             ids = np.array(res.ids, dtype=np.int64)
@@ -1061,9 +1106,10 @@ def hits_known_bug(method: str, req) -> bool:
     """An upsert of finite values past ``BOUND`` into a collection that may be empty."""
     if method not in ("Upsert", "UpsertStream") or req is None or req.collection in MODELED or not req.dim:
         return False
-    if len(req.vectors) % (4 * req.dim):
+    values = sent_values(req, "vectors")
+    if len(values) % (4 * req.dim):
         return False
-    x = np.frombuffer(req.vectors, "<f4")
+    x = np.frombuffer(values, "<f4")
     return bool((np.abs(x[np.isfinite(x)]) > BOUND).any())
 
 

@@ -106,6 +106,29 @@ def test_one_dimensional_query_and_padding(tmp_path):
     assert ids is res.ids and dists is res.distances
 
 
+def test_search_result_is_a_named_pair():
+    """Indexable and sized like a named tuple of (ids, distances); ``stats`` rides along."""
+    import copy
+    import pickle
+
+    ids, dists = np.array([[3, -1]]), np.array([[0.5, np.inf]], np.float32)
+    res = vindex.SearchResult(ids, dists, {"postings_dropped": 2})
+    assert len(res) == 2 and res[0] is ids and res[1] is dists and res[-1] is dists
+    assert res[:1] == (ids,) and isinstance(res, tuple) and res._fields == ("ids", "distances")
+    assert res.ids is ids and res.distances is dists and res.partial and res.stats == {"postings_dropped": 2}
+    assert vindex.SearchResult(ids, dists).stats == {} and not vindex.SearchResult(ids, dists).partial
+    with pytest.raises(IndexError):
+        res[2]
+    with pytest.raises(AttributeError):
+        res.ids = ids  # results are immutable
+    with pytest.raises(AttributeError):
+        res.stats = {}
+    for twin in (copy.copy(res), pickle.loads(pickle.dumps(res))):
+        assert type(twin) is vindex.SearchResult and twin.stats == res.stats
+        assert (twin[0] == ids).all() and (twin.distances == dists).all()
+    assert "stats={'postings_dropped': 2}" in repr(res)
+
+
 @pytest.mark.parametrize("store", ["rocksdb", "blocks"])
 def test_opening_an_index_does_not_load_numba(tmp_path, store):
     # native's submodules load on first use: a process that opens an index and never

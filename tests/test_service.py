@@ -443,6 +443,61 @@ def test_search_invalid(stub, err_col, request_, error):
     _fails(stub.Search, pb.SearchRequest(collection="errors", **request_), INVALID, error)
 
 
+def f64(rows: np.ndarray) -> bytes:
+    return np.ascontiguousarray(rows, dtype="<f8").tobytes()
+
+
+def test_vector_bytes_must_match_the_row_count(stub, err_col):
+    """float64 bytes would otherwise read as twice the rows: the length must be exactly
+    rows x dim x 4, the rows being len(ids) for an upsert and nq (when set) for a search."""
+    err = _fails(stub.Upsert, pb.UpsertRequest(collection="errors", ids=[500, 501], vectors=f64(np.ones((2, DIM))),
+                                               dim=DIM), INVALID, "LengthMismatchError")
+    assert f"vectors: 512 bytes for 2 ids of dimension {DIM}" in err.details() and "float64" in err.details()
+    x = f64(np.ones((1, DIM)))  # 2 rows' worth of bytes
+    err = _fails(stub.Search, pb.SearchRequest(collection="errors", queries=x, dim=DIM, nq=1, k=5), INVALID,
+                 "LengthMismatchError")
+    assert f"queries: 256 bytes for nq 1 of dimension {DIM}" in err.details() and "float64" in err.details()
+    _fails(stub.Search, pb.SearchRequest(collection="errors", queries=ROW * 3, dim=DIM, nq=2, k=5), INVALID,
+           "LengthMismatchError")
+    for nq in (0, 3):  # nq left out: as many queries as whole rows (older clients)
+        res = stub.Search(pb.SearchRequest(collection="errors", queries=ROW * 3, dim=DIM, nq=nq, k=5), timeout=30)
+        assert res.nq == 3
+    _unchanged(stub)
+
+
+def test_repeated_float_vectors(stub, client):
+    """``float_vectors`` / ``float_queries`` (repeated float) work as the bytes fields do."""
+    x = data(20, seed=21)
+    col = client.create_collection("floats", dim=DIM, **CONFIG)
+    try:
+        up = pb.UpsertRequest(collection="floats", ids=list(range(20)), float_vectors=x.ravel().tolist(), dim=DIM)
+        assert stub.Upsert(up, timeout=30).upserted == 20
+        got, found = col.get(np.arange(20))
+        assert found.all() and np.array_equal(got, x)
+        for nq in (0, 3):
+            req = pb.SearchRequest(collection="floats", float_queries=x[:3].ravel().tolist(), dim=DIM, nq=nq, k=4,
+                                   **EXACT)
+            res = stub.Search(req, timeout=30)
+            assert res.nq == 3 and list(res.ids) == col.search(x[:3], k=4, **EXACT).ids.ravel().tolist()
+        floats = x[:2].ravel().tolist()
+        err = _fails(stub.Upsert, pb.UpsertRequest(collection="floats", ids=[1], float_vectors=floats, dim=DIM),
+                     INVALID, "LengthMismatchError")
+        assert f"float_vectors: {2 * DIM} floats for 1 id" in err.details()
+        _fails(stub.Upsert, pb.UpsertRequest(collection="floats", ids=[1], float_vectors=floats[:-1], dim=DIM),
+               INVALID, "DimensionError")
+        _fails(stub.Search, pb.SearchRequest(collection="floats", float_queries=floats, dim=DIM, nq=1, k=1),
+               INVALID, "LengthMismatchError")
+        err = _fails(stub.Upsert, pb.UpsertRequest(collection="floats", ids=[1], vectors=f32(x[:1]),
+                                                   float_vectors=x[0].tolist(), dim=DIM), INVALID, "InvalidInputError")
+        assert "vectors and float_vectors: set one of them, not both" in err.details()
+        err = _fails(stub.Search, pb.SearchRequest(collection="floats", queries=f32(x[:1]), float_queries=x[0].tolist(),
+                                                   dim=DIM, k=1), INVALID, "InvalidInputError")
+        assert "queries and float_queries: set one of them, not both" in err.details()
+        assert len(col) == 20
+    finally:
+        client.drop_collection("floats")
+
+
 def test_ids_invalid(stub, err_col):
     for call, req in [(stub.Delete, pb.DeleteRequest), (stub.Get, pb.GetRequest)]:
         _fails(call, req(collection="errors", ids=[1, 2**63 + 5]), INVALID, "InvalidIdError")

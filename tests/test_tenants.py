@@ -31,6 +31,7 @@ from vindex.service.client import Collection
 from vindex.service.server import ServerConfig
 from vindex.service.tls import server_credentials
 from vindex.service.status import ERROR_KEY, QuotaExceededError, ServiceError
+from vindex.service.grants import COLLECTION_FIELD
 from vindex.service.tenants import RPC_CLASS, TenantConfigError, Tenants, load_tenants, parse_tenants
 from conftest import wait_until
 from test_service import SERVICE, Gate, InProcessServer, f32, health
@@ -51,6 +52,8 @@ TENANTS = {"tenants": [
      "quota": {"postings_per_s": SLOW, "burst_postings": 2}},
     {"name": "admin", "api_key_sha256": [hashlib.sha256(b"admin-key").hexdigest()],  # the key itself is not in the file
      "classes": ["interactive", "update", "admin"]},
+    {"name": "team-a", "api_keys": ["team-a-key"], "classes": ["interactive", "update", "admin"],
+     "collections": ["docs", "team-a.*"]},
 ]}
 Q = np.eye(4, dtype=np.float32)
 
@@ -172,6 +175,96 @@ def test_class_not_allowed_is_permission_denied(server, stub):
             c.drop_collection("docs")
         assert ei.value.code == grpc.StatusCode.PERMISSION_DENIED
         assert len(c.collection("docs")) == 4 and "nope" not in c.list_collections()
+
+
+# --- collection grants ---------------------------------------------------------------------------
+def test_every_rpc_naming_a_collection_is_checked():
+    for m in pb.DESCRIPTOR.services_by_name["VectorIndex"].methods:
+        fields = m.input_type.fields_by_name
+        named = "collection" if "collection" in fields else "name" if "name" in fields else None
+        assert COLLECTION_FIELD.get(m.name) == named, m.name
+
+
+def test_grants_allow_their_collections(server, stub):
+    with client(server, "team-a-key") as c:
+        assert list(search(c.collection("docs")).ids[0]) == [1, 2]  # an exact name
+        col = c.create_collection("team-a.notes", dim=4)  # a prefix
+        col.upsert([1, 2], Q[:2])
+        assert len(col) == 2 and col.get([1])[1].all() and col.stats()["live"] == 2
+        assert col.delete([2]) == 1 and list(search(col).ids[0]) == [1, -1]
+        col.checkpoint()
+        assert sorted(c.list_collections()) == ["docs", "team-a.notes"]  # not rows, stream, ...
+        assert c.drop_collection("team-a.notes")
+    with client(server, "app-key-1") as c:  # no "collections" in the file: every collection
+        assert {"docs", "rows", "stream"} <= set(c.list_collections())
+
+
+def _denied(stub, rpc: str, request) -> str:
+    err = fails(getattr(stub, rpc), request, grpc.StatusCode.PERMISSION_DENIED, md("team-a-key"))
+    assert "'team-a'" in err.details()
+    return err.details()
+
+
+@pytest.mark.parametrize("rpc, make", [
+    ("Search", lambda n: pb.SearchRequest(collection=n, queries=f32(Q[:1]), dim=4, k=1)),
+    ("Get", lambda n: pb.GetRequest(collection=n, ids=[1])),
+    ("Upsert", lambda n: pb.UpsertRequest(collection=n, ids=[9], vectors=f32(Q[:1]), dim=4)),
+    ("Delete", lambda n: pb.DeleteRequest(collection=n, ids=[1])),
+    ("Flush", lambda n: pb.FlushRequest(collection=n)),
+    ("Stats", lambda n: pb.StatsRequest(collection=n)),
+    ("DescribeCollection", lambda n: pb.DescribeCollectionRequest(name=n)),
+    ("CreateCollection", lambda n: pb.CreateCollectionRequest(name=n, dim=4)),
+    ("DropCollection", lambda n: pb.DropCollectionRequest(name=n)),
+])
+def test_grants_deny_other_collections(server, stub, rpc, make):
+    """Outside its grants a tenant gets PERMISSION_DENIED with the same message whether the
+    collection exists or not (nor does Create answer ALREADY_EXISTS)."""
+    existing = _denied(stub, rpc, make("rows"))
+    assert "collection 'rows'" in existing and "team-a.*" in existing
+    assert _denied(stub, rpc, make("team-b.x")) == existing.replace("'rows'", "'team-b.x'")
+    with client(server, "admin-key") as admin:
+        assert len(admin.collection("rows")) == 0 and "team-b.x" not in admin.list_collections()
+
+
+def test_grants_checked_on_every_stream_message(server, stub):
+    with client(server, "admin-key") as admin:
+        admin.create_collection("team-a.stream", dim=4)
+        before = len(admin.collection("stream"))
+    chunks = [pb.UpsertRequest(collection="team-a.stream", ids=[1], vectors=f32(Q[:1]), dim=4),
+              pb.UpsertRequest(ids=[2], vectors=f32(Q[1:2]), dim=4),  # no name: the stream's collection
+              pb.UpsertRequest(collection="stream", ids=[3], vectors=f32(Q[2:3]), dim=4),
+              pb.UpsertRequest(collection="team-a.stream", ids=[4], vectors=f32(Q[3:4]), dim=4)]
+    acks = []
+    with pytest.raises(grpc.RpcError) as ei:
+        for ack in stub.UpsertStream(iter(chunks), timeout=30, metadata=md("team-a-key")):
+            acks.append(ack.total)
+    assert ei.value.code() == grpc.StatusCode.PERMISSION_DENIED, ei.value.details()
+    assert "'team-a'" in ei.value.details() and "collection 'stream'" in ei.value.details()
+    assert acks == [1, 2]  # the chunks before the forbidden one stay acknowledged
+    with client(server, "admin-key") as admin:
+        assert len(admin.collection("team-a.stream")) == 2 and len(admin.collection("stream")) == before
+        assert server.server.tenants.states["team-a"].refused["collection"] >= 1
+
+
+def test_fuzzing_as_a_granted_tenant(tmp_path):
+    """bench.fuzz --tenants: hostile requests from a tenant with grants never reach another
+    collection (every call naming one is PERMISSION_DENIED, List hides it, its data is intact)."""
+    from bench import fuzz
+
+    assert fuzz.main(["--requests", "400", "--tenants", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "fuzz-tenants.json").read_text())
+    assert result["verdict"]["grants_held"] and result["after"]["data"]["forbidden"]["ok"]
+    assert result["fuzz"]["by_status"]["PERMISSION_DENIED"] > 10 and result["fuzz"]["grants"]["checked"] > 300
+
+
+def test_grant_patterns():
+    [t] = parse_tenants({"tenants": [_tenant(collections=["docs", "team-a.*"])]})
+    assert [t.grants.allows(n) for n in ("docs", "docs2", "team-a.x", "team-a.", "team-a", "team-b.x")] == \
+        [True, False, True, True, False, False]
+    [t] = parse_tenants({"tenants": [_tenant(collections=["*"])]})
+    assert t.grants.allows("anything")
+    [t] = parse_tenants({"tenants": [_tenant()]})  # left out: every collection
+    assert t.grants.allows("anything")
 
 
 # --- quotas --------------------------------------------------------------------------------------
@@ -320,6 +413,13 @@ def _tenant(**over):
     ({"tenants": [_tenant(quota={"postings_per_s": 0})]}, r"quota\.postings_per_s: expected a number > 0"),
     ({"tenants": [_tenant(quota={"max_in_flight": 1.5})]}, r"quota\.max_in_flight: expected an integer"),
     ({"tenants": [_tenant(quota={"qps": 5})]}, r"quota: unknown key\(s\) \['qps'\]"),
+    ({"tenants": [_tenant(collections="docs")]}, r"\(t\)\.collections: expected a list of strings, got 'docs'"),
+    ({"tenants": [_tenant(collections=[])]}, r"\(t\)\.collections: expected at least one collection name or prefix"),
+    ({"tenants": [_tenant(collections=["a/b"])]},
+     r"\(t\)\.collections\[0\]: expected a collection name or a prefix ending in '\*', got 'a/b'"),
+    ({"tenants": [_tenant(collections=["docs", "team-*.x"])]}, r"\(t\)\.collections\[1\]: expected a collection name"),
+    ({"tenants": [_tenant(collections=["**"])]}, r"\(t\)\.collections\[0\]: expected a collection name"),
+    ({"tenants": [_tenant(collections=["docs", "docs"])]}, r"\(t\)\.collections\[1\]: 'docs' is also collections\[0\]"),
     ({"tenants": [_tenant(), _tenant(api_keys=["other"])]}, r"tenants\[1\]\.name: 't' is also tenants\[0\]"),
     ({"tenants": [_tenant(), _tenant(name="u")]}, r"tenants\[1\] \(u\): an API key is also one of 't'"),
 ])
@@ -477,4 +577,4 @@ def test_buckets_refill_with_the_clock():
     state.leave()
     state.enter()
     assert state.snapshot() == {"name": "t", "calls": 2, "in_flight": 1, "queries": 3, "rows": 10**6,
-                                "refused": {"class": 0, "in_flight": 1, "queries": 1, "rows": 0}}
+                                "refused": {"class": 0, "collection": 0, "in_flight": 1, "queries": 1, "rows": 0}}
