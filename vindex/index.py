@@ -144,8 +144,8 @@ class Index:
     @classmethod
     def create(cls, path: str | os.PathLike, *, dim: int, metric: str = "l2", **config: Any) -> "Index":
         """Create an empty index of dimension ``dim`` at ``path`` and return it open."""
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not 1 <= dim <= 65536:
-            raise validation.DimensionError(f"dim: expected an integer in 1..65536, got {dim!r}")
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not 1 <= dim <= layout.MAX_DIM:
+            raise validation.DimensionError(f"dim: expected an integer in 1..{layout.MAX_DIM}, got {dim!r}")
         return cls.build(path, np.zeros((0, int(dim)), np.float32), metric=metric, **config)
 
     @classmethod
