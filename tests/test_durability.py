@@ -300,13 +300,19 @@ def _log_cf(path):
     return db, db.get_column_family("log")
 
 
-def test_corrupt_or_missing_log_records_raise_corruption(tmp_path):
-    rng = np.random.default_rng(10)
-    idx = vindex.Index.build(tmp_path / "idx", _vectors(rng, 300), rebalance=False)
+def _killed_with_three_log_records(path, seed: int) -> None:
+    """An index at ``path`` whose process stopped as a killed one would after three upserts
+    of ids 1000..1002: no checkpoint at close, so they are in the log only."""
+    rng = np.random.default_rng(seed)
+    idx = vindex.Index.build(path, _vectors(rng, 300), rebalance=False)
     for i in range(3):
         idx.upsert([1000 + i], _vectors(rng, 1))
-    idx._closed = True  # stop as a killed process would: no checkpoint, the log stays
+    idx._closed = True
     idx._finalizer()
+
+
+def test_corrupt_or_missing_log_records_raise_corruption(tmp_path):
+    _killed_with_three_log_records(tmp_path / "idx", 10)
     db, log = _log_cf(tmp_path / "idx")
     keys = list(log.keys())
     assert len(keys) == 3
@@ -323,6 +329,30 @@ def test_corrupt_or_missing_log_records_raise_corruption(tmp_path):
     db.close()
     with pytest.raises(CorruptionError, match="gap"):
         vindex.Index.open(tmp_path / "idx")
+
+
+def test_an_open_that_fails_after_the_replay_has_started_no_checkpoint_thread(tmp_path, monkeypatch):
+    """After the log replay, opening drops postings a crash left orphaned; if that fails, no
+    background thread may be running yet (the checkpoint one would save, and truncate the log
+    of, an index that failed to open), and the store is released."""
+    from vindex import checkpoint
+    from vindex import index as index_module
+
+    _killed_with_three_log_records(tmp_path / "idx", 15)
+    threads = {}
+
+    def failing_drop_orphans(engine):
+        threads["checkpoint"] = engine.checkpoints._thread
+        raise StorageError(5, "injected: dropping orphaned postings failed")
+
+    monkeypatch.setattr(index_module, "drop_orphans", failing_drop_orphans)
+    with pytest.raises(StorageError, match="injected"):
+        vindex.Index.open(tmp_path / "idx", checkpoint_every=1)  # a checkpoint is due at once
+    assert threads == {"checkpoint": None}
+    assert checkpoint.latest(str(tmp_path / "idx")) == 0
+    monkeypatch.undo()
+    with vindex.Index.open(tmp_path / "idx") as again:
+        assert again.get([1000, 1001, 1002])[1].all()
 
 
 # --- verify ---------------------------------------------------------------------------------------
