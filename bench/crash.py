@@ -24,7 +24,9 @@ Each cycle then damages a copy of the index three ways and reopens it:
   retried (nothing was checkpointed over the damage);
 * the log truncated at a random offset after the checkpoint (a torn tail): it must open, with
   exactly the batches acknowledged before the cut (RocksDB; the block store may end its log a
-  few commits earlier, as after a power loss) with their vectors, and ``verify()`` clean;
+  few commits earlier, as after a power loss, or, when the cut took synced records away, fail
+  reads of blocks a cut commit reused with ``CorruptionError``) with their vectors, and
+  ``verify()`` clean;
 * (RocksDB) the log truncated before the checkpoint's records: ``CorruptionError``, since the
   checkpoint covers records the store no longer has.
 

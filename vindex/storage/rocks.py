@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import struct
 import threading
 import time
@@ -63,6 +64,8 @@ _KEY = struct.Struct(">II")  # (pid, chunk) big-endian, so a posting's chunks ar
 _SEQ = struct.Struct(">Q")   # operation-log key
 #: Key (default column family) of the highest log seq a checkpoint covered.
 LOG_FLOOR = b"log_floor"
+#: How RocksDB's info log names a write-ahead log it could not replay.
+_WAL_DROPPED = re.compile(r"(\d+\.log): dropping \d+ bytes")
 #: Flush and compaction write rate under ``io_scheduler="sla"`` (DESIGN.md: capping background
 #: writes brings the foreground reads' p99 back near its level without them).
 BACKGROUND_WRITE_BYTES_PER_S = 96 << 20
@@ -106,8 +109,8 @@ def _errors(path: str, doing: str) -> Iterator[None]:
 
 
 def _damaged_log(path: str, exc: Exception) -> str:
-    """`` (in <WAL file> ...)`` for a failed open that RocksDB's info log (``LOG``) blames on a
-    write-ahead log: its error message names no file."""
+    """`` (write-ahead log <file> is damaged ...)`` for a failed open that RocksDB's info log
+    (``LOG``) blames on a write-ahead log: its error message names no file."""
     if not str(exc).startswith("Corruption"):
         return ""
     try:
@@ -116,11 +119,11 @@ def _damaged_log(path: str, exc: Exception) -> str:
     except OSError:
         return ""
     for line in reversed(lines):  # "[WARN] ... <path>/000012.log: dropping 32768 bytes; Corruption: ..."
-        head, sep, _ = line.partition(": dropping ")
-        if sep and head.endswith(".log"):
-            log = head.rsplit(" ", 1)[-1]
-            return (f" (write-ahead log {log} is damaged, not just torn at its end: writes acknowledged "
-                    f"after the damage cannot be replayed; restore the index from a backup)")
+        found = _WAL_DROPPED.search(line)
+        if found:
+            return (f" (write-ahead log {os.path.join(path, found.group(1))} is damaged, not just torn at "
+                    f"its end: writes acknowledged after the damage cannot be replayed; restore the index "
+                    f"from a backup)")
     return ""
 
 
