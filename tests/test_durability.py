@@ -253,13 +253,17 @@ def _edit_manifest(path, edit, *, keep_checksum: bool = True) -> None:
 
 
 @pytest.mark.parametrize("field, value", [("dim", 32), ("metric", "ip")])
-def test_an_edited_manifest_fails_its_checksum(tmp_path, field, value):
+def test_an_edited_manifest_fails_its_checksum(tmp_path, capsys, field, value):
     """Another dim or metric in vindex.json would give wrong answers: the checksum of its
-    other fields refuses the file."""
+    other fields refuses the file, and ``vindex verify`` says so (exit 2)."""
+    from vindex.service.cli import main
+
     vindex.Index.build(tmp_path / "idx", _vectors(np.random.default_rng(9), 100)).close()
     _edit_manifest(tmp_path / "idx", lambda d: d.__setitem__(field, value))
     with pytest.raises(CorruptionError, match=r"vindex.json: checksum mismatch \(edited by hand\?\)"):
         vindex.Index.open(tmp_path / "idx")
+    assert main(["verify", str(tmp_path / "idx")]) == 2
+    assert "vindex.json: checksum mismatch" in capsys.readouterr().err
 
 
 def test_a_manifest_written_before_checksums_opens_and_verify_says_so(tmp_path, capsys):

@@ -668,7 +668,8 @@ class RocksStore:
         wrote does; a truncated write-ahead log that lost them opens without error (a cut
         looks like a torn tail) and would leave vectors the state names missing. A store
         written before the floor existed, with an empty log, cannot tell: it passes."""
-        floor = self._db.get(LOG_FLOOR)
+        with _errors(self.path, "reading the log floor"):
+            floor = self._db.get(LOG_FLOOR)
         reached = max(self._seq, _SEQ.unpack(floor)[0] if floor is not None else 0)
         if reached < seq and (floor is not None or self._seq > 0):
             raise CorruptionError(
