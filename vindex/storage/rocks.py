@@ -16,7 +16,6 @@ Layout, one RocksDB directory with column families:
   the chunks it describes and loaded into memory at open.
 * ``log``: key seq u64 BE -> operation-log record, written in the same WriteBatch as the
   posting changes it describes.
-
 * the default column family: ``LOG_FLOOR`` -> the highest ``log`` seq a checkpoint covered
   (u64 BE), written with each truncation of the log (see ``continue_after``).
 
