@@ -359,6 +359,30 @@ def test_an_open_that_fails_after_the_replay_has_started_no_checkpoint_thread(tm
         assert again.get([1000, 1001, 1002])[1].all()
 
 
+def test_a_block_store_log_that_ends_before_the_checkpoint_is_corruption(tmp_path):
+    """A checkpoint saved, then a crash before the log's rotation, then the log cut by hand
+    before the checkpoint's records: the store cannot replay what the checkpoint names."""
+    from vindex.storage import Change, open_store
+
+    def store(create):
+        return open_store("blocks", str(tmp_path / "s"), record_size=72, cache_bytes=0, create=create)
+
+    s = store(True)
+    s.commit(Change(log=b"first"), IOClass.UPDATE)
+    first_end = s._log.end
+    for rec in (b"second", b"third"):
+        s.commit(Change(log=rec), IOClass.UPDATE)
+    s.close()
+    os.truncate(glob.glob(str(tmp_path / "s" / "log.*"))[0], first_end)
+    again = store(False)
+    try:
+        with pytest.raises(CorruptionError, match=r"covers log record 3, but the log ends at 1 \(a truncated log file"):
+            again.continue_after(3)
+        again.continue_after(1)
+    finally:
+        again.close()
+
+
 # --- verify ---------------------------------------------------------------------------------------
 def test_verify_passes_on_a_churned_index_and_names_each_broken_invariant(index):
     rng = np.random.default_rng(11)
