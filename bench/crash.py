@@ -13,6 +13,25 @@ parent SIGKILLs it at a random moment, reopens the index and checks:
     python -m bench.crash --cycles 300                   # writes bench/results/crash.json
     python -m bench.crash --cycles 100 --store blocks    # the block store: crash-blocks.json
 
+WAL-corruption mode (``--wal``, in ``bench.crashwal``): a child upserts batches of new ids,
+printing after each acknowledged batch where the store's write-ahead log then ended (the newest
+``store/*.log`` of RocksDB, ``store/log.<gen>`` of the block store); it checkpoints once after
+``--checkpoint-at`` rows and is SIGKILLed mid-upsert once ``--rows`` rows were acknowledged.
+Each cycle then damages a copy of the index three ways and reopens it:
+
+* a byte flipped at each ``--fractions`` of the log: ``Index.open`` must raise
+  ``CorruptionError`` naming the log file, leave the file as it was and fail again when
+  retried (nothing was checkpointed over the damage);
+* the log truncated at a random offset after the checkpoint (a torn tail): it must open, with
+  exactly the batches acknowledged before the cut (RocksDB; the block store may end its log a
+  few commits earlier, as after a power loss, or, when the cut took synced records away, fail
+  reads of blocks a cut commit reused with ``CorruptionError``) with their vectors, and
+  ``verify()`` clean;
+* (RocksDB) the log truncated before the checkpoint's records: ``CorruptionError``, since the
+  checkpoint covers records the store no longer has.
+
+    python -m bench.crash --wal --rows 20000 --cycles 3 --fractions 0.1 0.5   # crash-wal.json
+
 The child is a fresh interpreter (``subprocess``), never a fork of a process holding RocksDB.
 """
 from __future__ import annotations
@@ -176,6 +195,17 @@ def check(path: str, model: Model, pending: tuple | None, totals: Totals, rng) -
     return model
 
 
+def kill_child(proc: subprocess.Popen, reader: threading.Thread, what: str) -> None:
+    """SIGKILL ``proc``, which must still be running, and wait for ``reader`` to take the
+    rest of its output."""
+    if proc.poll() is not None:
+        raise RuntimeError(f"{what} exited early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    reader.join()
+    proc.stderr.close()
+
+
 def run(path: str, cycles: int, seed: int = 0, log=print, store: str = "rocksdb") -> Totals:
     """``cycles`` kill-and-check rounds on a new index at ``path`` on ``store``."""
     import vindex
@@ -201,12 +231,7 @@ def run(path: str, cycles: int, seed: int = 0, log=print, store: str = "rocksdb"
         if rng.random() >= EARLY_KILLS:
             ready.wait(60)
         time.sleep(rng.uniform(*KILL_AFTER))
-        if proc.poll() is not None:
-            raise RuntimeError(f"crash child exited early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        reader.join()
-        proc.stderr.close()
+        kill_child(proc, reader, "crash child")
         begun = [int(ln.split()[1]) for ln in lines if ln.startswith("B ")]
         acked = {int(ln.split()[1]) for ln in lines if ln.startswith("A ")}
         if "R\n" not in lines:
@@ -236,12 +261,32 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--store", choices=["rocksdb", "blocks"], default="rocksdb")
     ap.add_argument("--out", default=None, help="default bench/results/crash.json (crash-blocks.json for blocks)")
+    ap.add_argument("--wal", action="store_true", help="WAL-corruption mode (see above)")
+    ap.add_argument("--rows", type=int, default=20_000, help="--wal: rows acknowledged before the kill")
+    ap.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.5],
+                    help="--wal: where in the log to flip a byte")
+    ap.add_argument("--wal-child", nargs=3, metavar=("PATH", "SEED", "CHECKPOINT_AT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    out = args.out or f"bench/results/crash{'' if args.store == 'rocksdb' else '-' + args.store}.json"
+    kind = "-wal" if args.wal else ""
+    out = args.out or f"bench/results/crash{kind}{'' if args.store == 'rocksdb' else '-' + args.store}.json"
     if args.child:
         child(args.child[0], int(args.child[1]), int(args.child[2]))
         return
+    from . import crashwal  # which imports this module
+
+    if args.wal_child:
+        crashwal.child(args.wal_child[0], int(args.wal_child[1]), int(args.wal_child[2]))
+        return
     from .report import write_json
+
+    if args.wal:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = crashwal.cycles(tmp, args.cycles, args.rows, args.fractions, store=args.store, seed=args.seed)
+        write_json(out, result)
+        print({k: v for k, v in result.items() if k != "problems"})
+        for p in result["problems"][:20]:
+            print("PROBLEM", p)
+        sys.exit(1 if result["problems"] else 0)
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()

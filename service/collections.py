@@ -29,6 +29,11 @@ log = logging.getLogger("vindex.service")
 #: trailing newline ("docs\n" was a valid name).
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 SUBDIR = "collections"
+#: What ``Index.open`` raises when a collection's own files are bad (checksums, a damaged
+#: write-ahead log, a manifest that is invalid or of an unsupported format version): that
+#: collection is marked damaged and the others are served. Anything else (the index locked
+#: by another process, a bad runtime setting) stops the server.
+DAMAGED = (errors.CorruptionError, errors.NotAnIndexError)
 
 
 def check_name(name: str) -> str:
@@ -79,7 +84,8 @@ class Collections:
         self._lock_fd = _lock_dir(os.path.dirname(self.root))
 
     def open_all(self) -> list[str]:
-        """Open every collection found on disk; returns their names."""
+        """Open every collection found on disk; returns their names. One whose files are
+        damaged (``DAMAGED``) stays closed and answers every call naming it with DATA_LOSS."""
         for name in sorted(os.listdir(self.root)):
             path = os.path.join(self.root, name)
             if not NAME_RE.fullmatch(name) or not os.path.isdir(path):
@@ -90,7 +96,7 @@ class Collections:
                 continue
             try:
                 self._entries[name] = _Entry(name, self._opened(vindex.Index.open(path, **self._runtime)))
-            except errors.CorruptionError as exc:  # serve the others; calls on it get DATA_LOSS
+            except DAMAGED as exc:  # serve the others; calls on it get DATA_LOSS
                 log.error("collection %s is damaged and stays closed: %s", name, exc)
                 self._entries[name] = _Entry(name, None, broken=exc)
         return sorted(self._entries)

@@ -241,6 +241,61 @@ def test_corrupt_manifest_raises_corruption(tmp_path):
         vindex.Index.open(tmp_path / "idx")
 
 
+def _edit_manifest(path, edit, *, keep_checksum: bool = True) -> None:
+    file = os.path.join(path, "vindex.json")
+    with open(file) as f:
+        data = json.load(f)
+    edit(data)
+    if not keep_checksum:
+        del data["checksum"]
+    with open(file, "w") as f:
+        json.dump(data, f)
+
+
+@pytest.mark.parametrize("field, value", [("dim", 32), ("metric", "ip")])
+def test_an_edited_manifest_fails_its_checksum(tmp_path, capsys, field, value):
+    """Another dim or metric in vindex.json would give wrong answers: the checksum of its
+    other fields refuses the file, and ``vindex verify`` says so (exit 2)."""
+    from vindex.service.cli import main
+
+    vindex.Index.build(tmp_path / "idx", _vectors(np.random.default_rng(9), 100)).close()
+    _edit_manifest(tmp_path / "idx", lambda d: d.__setitem__(field, value))
+    with pytest.raises(CorruptionError, match=r"vindex.json: checksum mismatch \(edited by hand\?\)"):
+        vindex.Index.open(tmp_path / "idx")
+    assert main(["verify", str(tmp_path / "idx")]) == 2
+    assert "vindex.json: checksum mismatch" in capsys.readouterr().err
+
+
+def test_a_manifest_written_before_checksums_opens_and_verify_says_so(tmp_path, capsys):
+    from vindex.service.cli import main
+
+    x = _vectors(np.random.default_rng(9), 100)
+    vindex.Index.build(tmp_path / "idx", x).close()
+    _edit_manifest(tmp_path / "idx", lambda d: None, keep_checksum=False)
+    with vindex.Index.open(tmp_path / "idx") as idx:
+        assert idx.search(x[:2], 1).ids[:, 0].tolist() == [0, 1]
+        assert idx.verify().checked["manifest_checksum"] == "none (written before checksums)"
+    assert main(["verify", str(tmp_path / "idx")]) == 0
+    assert "manifest_checksum: none (written before checksums)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["config"].__setitem__("posting_limit_bytes", -1), "posting_limit_bytes"),
+    (lambda d: d.__setitem__("metric", "hamming"), "metric"),
+    (lambda d: d.__setitem__("dim", 0), "dim"),
+    (lambda d: d.__setitem__("config", [1]), "config"),
+])
+def test_an_invalid_stored_manifest_is_corruption_not_bad_input(tmp_path, edit, match):
+    """What vindex.json holds is not the caller's input: an invalid value there is a damaged
+    file (DATA_LOSS over gRPC), while a bad runtime setting stays the caller's error."""
+    vindex.Index.build(tmp_path / "idx", _vectors(np.random.default_rng(9), 100)).close()
+    with pytest.raises(vindex.InvalidConfigError, match="cache_bytes"):
+        vindex.Index.open(tmp_path / "idx", cache_bytes=-5)
+    _edit_manifest(tmp_path / "idx", edit, keep_checksum=False)
+    with pytest.raises(CorruptionError, match=f"vindex.json: invalid manifest .*{match}"):
+        vindex.Index.open(tmp_path / "idx")
+
+
 def _log_cf(path):
     from rocksdict import Options, Rdict
 
@@ -249,13 +304,19 @@ def _log_cf(path):
     return db, db.get_column_family("log")
 
 
-def test_corrupt_or_missing_log_records_raise_corruption(tmp_path):
-    rng = np.random.default_rng(10)
-    idx = vindex.Index.build(tmp_path / "idx", _vectors(rng, 300), rebalance=False)
+def _killed_with_three_log_records(path, seed: int) -> None:
+    """An index at ``path`` whose process stopped as a killed one would after three upserts
+    of ids 1000..1002: no checkpoint at close, so they are in the log only."""
+    rng = np.random.default_rng(seed)
+    idx = vindex.Index.build(path, _vectors(rng, 300), rebalance=False)
     for i in range(3):
         idx.upsert([1000 + i], _vectors(rng, 1))
-    idx._closed = True  # stop as a killed process would: no checkpoint, the log stays
+    idx._closed = True
     idx._finalizer()
+
+
+def test_corrupt_or_missing_log_records_raise_corruption(tmp_path):
+    _killed_with_three_log_records(tmp_path / "idx", 10)
     db, log = _log_cf(tmp_path / "idx")
     keys = list(log.keys())
     assert len(keys) == 3
@@ -272,6 +333,54 @@ def test_corrupt_or_missing_log_records_raise_corruption(tmp_path):
     db.close()
     with pytest.raises(CorruptionError, match="gap"):
         vindex.Index.open(tmp_path / "idx")
+
+
+def test_an_open_that_fails_after_the_replay_has_started_no_checkpoint_thread(tmp_path, monkeypatch):
+    """After the log replay, opening drops postings a crash left orphaned; if that fails, no
+    background thread may be running yet (the checkpoint one would save, and truncate the log
+    of, an index that failed to open), and the store is released."""
+    from vindex import checkpoint
+    from vindex import index as index_module
+
+    _killed_with_three_log_records(tmp_path / "idx", 15)
+    threads = {}
+
+    def failing_drop_orphans(engine):
+        threads["checkpoint"] = engine.checkpoints._thread
+        raise StorageError(5, "injected: dropping orphaned postings failed")
+
+    monkeypatch.setattr(index_module, "drop_orphans", failing_drop_orphans)
+    with pytest.raises(StorageError, match="injected"):
+        vindex.Index.open(tmp_path / "idx", checkpoint_every=1)  # a checkpoint is due at once
+    assert threads == {"checkpoint": None}
+    assert checkpoint.latest(str(tmp_path / "idx")) == 0
+    monkeypatch.undo()
+    with vindex.Index.open(tmp_path / "idx") as again:
+        assert again.get([1000, 1001, 1002])[1].all()
+
+
+def test_a_block_store_log_that_ends_before_the_checkpoint_is_corruption(tmp_path):
+    """A checkpoint saved, then a crash before the log's rotation, then the log cut by hand
+    before the checkpoint's records: the store cannot replay what the checkpoint names."""
+    from vindex.storage import Change, open_store
+
+    def store(create):
+        return open_store("blocks", str(tmp_path / "s"), record_size=72, cache_bytes=0, create=create)
+
+    s = store(True)
+    s.commit(Change(log=b"first"), IOClass.UPDATE)
+    first_end = s._log.end
+    for rec in (b"second", b"third"):
+        s.commit(Change(log=rec), IOClass.UPDATE)
+    s.close()
+    os.truncate(glob.glob(str(tmp_path / "s" / "log.*"))[0], first_end)
+    again = store(False)
+    try:
+        with pytest.raises(CorruptionError, match=r"covers log record 3, but the log ends at 1 \(a truncated log file"):
+            again.continue_after(3)
+        again.continue_after(1)
+    finally:
+        again.close()
 
 
 # --- verify ---------------------------------------------------------------------------------------
@@ -350,6 +459,55 @@ def test_a_damaged_collection_answers_data_loss_while_the_others_serve(tmp_path)
             assert not os.path.exists(root / "bad")
     finally:
         assert srv.stop() == 0
+
+
+def test_collections_with_a_bad_manifest_or_write_ahead_log_answer_data_loss_the_others_serve(tmp_path):
+    """One collection's damaged files (an unsupported format version, an invalid stored config,
+    a hand-edited dim or metric, a byte flipped in the write-ahead log of a killed writer) keep
+    that collection closed, answering DATA_LOSS with the file and the reason, and an ERROR log
+    line naming it; the server starts and serves the rest."""
+    import grpc
+
+    from bench import crashwal
+    from test_service import ServerProcess
+
+    root = tmp_path / "data" / "collections"
+    x = _vectors(np.random.default_rng(14), 300)
+    edits = {
+        "v2": (lambda d: d.__setitem__("format_version", 2), True, "vindex.json: format version 2 is not supported"),
+        "config": (lambda d: d["config"].__setitem__("graph_degree", 0), False, "vindex.json: invalid manifest"),
+        "dim": (lambda d: d.__setitem__("dim", 8), True, "vindex.json: checksum mismatch"),
+        "metric": (lambda d: d.__setitem__("metric", "ip"), True, "vindex.json: checksum mismatch"),
+    }
+    for name in ("good", *edits):
+        vindex.Index.build(root / name, x).close()
+    for name, (edit, keep, _) in edits.items():
+        _edit_manifest(root / name, edit, keep_checksum=keep)
+    run = crashwal.write_and_kill(str(root / "wal"), 500)
+    log = crashwal.newest_log(run.path)
+    crashwal.flip(log, os.path.getsize(log) // 2)
+    with open(log, "rb") as f:
+        damaged = f.read()
+    reasons = {**{name: why for name, (_, _, why) in edits.items()},
+               "wal": f"write-ahead log {log} is damaged"}
+    srv = ServerProcess(tmp_path / "data")
+    try:
+        for name in reasons:
+            assert f"collection {name} is damaged and stays closed" in srv.log()
+        with vindex.Client(srv.target, timeout=60) as client:
+            assert client.list_collections() == ["good"]
+            assert client.collection("good").search(x[:3], 1).ids[:, 0].tolist() == [0, 1, 2]
+            for name, why in reasons.items():
+                with pytest.raises(CorruptionError) as caught:
+                    client.collection(name).search(x[:1], 1)
+                assert why in str(caught.value)
+                assert (caught.value.__cause__ or caught.value.__context__).code() == grpc.StatusCode.DATA_LOSS
+    finally:
+        assert srv.stop() == 0
+    with open(log, "rb") as f:  # the server closed without writing over the damaged log
+        assert f.read() == damaged
+    with pytest.raises(CorruptionError, match="write-ahead log"):
+        vindex.Index.open(run.path)
 
 
 @pytest.mark.parametrize("store", ["rocksdb", "blocks"])

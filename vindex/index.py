@@ -76,6 +76,9 @@ class Index:
         self._metric_code = METRIC_CODES[engine.manifest.metric]
         self._closed = False
         cfg = engine.config
+        # before any thread starts: if it fails, the caller releases the store and nothing
+        # has checkpointed the index that failed to open
+        drop_orphans(engine)
         # replica selection for upserts; under sla its threads yield the cores to searches
         self._pool = yielding_pool("vindex-insert", cfg.io_scheduler == "sla")
         self._rebalancer = Rebalancer(engine, enabled=cfg.rebalance)
@@ -84,7 +87,6 @@ class Index:
                                            engine.store)
         # postings left over their limit or full of garbage by an earlier process
         g = engine.state.graph
-        drop_orphans(engine)
         if g.n:
             alive = np.flatnonzero(g.alive[: g.n])
             self._rebalancer.notify(policy.needing_work(engine, alive, alive))
@@ -144,8 +146,8 @@ class Index:
     @classmethod
     def create(cls, path: str | os.PathLike, *, dim: int, metric: str = "l2", **config: Any) -> "Index":
         """Create an empty index of dimension ``dim`` at ``path`` and return it open."""
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not 1 <= dim <= 65536:
-            raise validation.DimensionError(f"dim: expected an integer in 1..65536, got {dim!r}")
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not 1 <= dim <= layout.MAX_DIM:
+            raise validation.DimensionError(f"dim: expected an integer in 1..{layout.MAX_DIM}, got {dim!r}")
         return cls.build(path, np.zeros((0, int(dim)), np.float32), metric=metric, **config)
 
     @classmethod

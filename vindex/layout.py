@@ -2,15 +2,21 @@
 
 ::
 
-    <path>/vindex.json        manifest: format version, dim, metric, config (written last by
-                              a build, so a directory without it is not an index)
+    <path>/vindex.json        manifest: format version, dim, metric, config and a checksum
+                              of them (written last by a build, so a directory without it is
+                              not an index)
     <path>/store/             RocksDB posting store (postings, posting directory, op log)
     <path>/checkpoint/<seq>/  engine-state checkpoints (see ``checkpoint``)
+
+The checksum is a CRC32 of the canonical JSON (sorted keys, no spaces) of every other field,
+so an edit by hand (a metric or dim changed) fails the open instead of giving wrong answers.
+Manifests written before the checksum existed have none and are read as they are.
 """
 from __future__ import annotations
 
 import json
 import os
+import zlib
 from dataclasses import dataclass
 
 from .config import IndexConfig, RUNTIME_FIELDS, check_metric
@@ -22,6 +28,14 @@ MANIFEST = "vindex.json"
 STORE_DIR = "store"
 FORMAT = "vindex-index"
 FORMAT_VERSION = 1
+CHECKSUM = "checksum"
+MAX_DIM = 65536
+
+
+def checksum(fields: dict) -> str:
+    """``crc32:<hex>`` of the canonical JSON of ``fields`` without their checksum."""
+    body = json.dumps({k: v for k, v in fields.items() if k != CHECKSUM}, sort_keys=True, separators=(",", ":"))
+    return f"crc32:{zlib.crc32(body.encode()):08x}"
 
 
 @dataclass(frozen=True)
@@ -29,10 +43,12 @@ class Manifest:
     dim: int
     metric: str
     config: IndexConfig
+    checksummed: bool = True  # False: read from a file written before manifests had a checksum
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "format_version": FORMAT_VERSION, "dim": self.dim,
-                "metric": self.metric, "config": self.config.to_dict()}
+        fields = {"format": FORMAT, "format_version": FORMAT_VERSION, "dim": self.dim,
+                  "metric": self.metric, "config": self.config.to_dict()}
+        return {**fields, CHECKSUM: checksum(fields)}
 
 
 def store_path(path: str) -> str:
@@ -78,12 +94,22 @@ def read(path: str, overrides: dict) -> Manifest:
         raise NotAnIndexError(
             f"{file}: format version {data.get('format_version')!r} is not supported "
             f"(this vindex reads version {FORMAT_VERSION})")
+    stored = data.get(CHECKSUM)
+    if stored is not None and stored != checksum(data):
+        raise CorruptionError(f"{file}: checksum mismatch (edited by hand?): the file says {stored!r}, "
+                              f"its contents give {checksum(data)!r}")
     bad = sorted(set(overrides) - RUNTIME_FIELDS)
     if bad:
         raise InvalidConfigError(
             f"cannot change {bad} when opening an index; only {sorted(RUNTIME_FIELDS)} may be set")
-    try:
-        config = IndexConfig.from_dict({**data["config"], **overrides})
-        return Manifest(int(data["dim"]), check_metric(data["metric"]), config)
-    except (KeyError, TypeError) as exc:
-        raise CorruptionError(f"{file}: malformed manifest ({exc})") from None
+    try:  # what the file holds: a bad value is a damaged file, not a caller's mistake
+        if not isinstance(data["config"], dict):
+            raise InvalidConfigError(f"config: expected an object, got {data['config']!r}")
+        IndexConfig.from_dict(data["config"])
+        dim, metric = data["dim"], check_metric(data["metric"])
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= MAX_DIM:
+            raise InvalidConfigError(f"dim: expected an integer in 1..{MAX_DIM}, got {dim!r}")
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise CorruptionError(f"{file}: invalid manifest ({type(exc).__name__}: {exc})") from None
+    config = IndexConfig.from_dict({**data["config"], **overrides})  # a bad override is the caller's
+    return Manifest(dim, metric, config, checksummed=stored is not None)

@@ -354,13 +354,15 @@ class BlockStore:
             return self._log.since(seq)
 
     def continue_after(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> None:
-        cut_seq = self._log.cut_seq
-        if cut_seq is not None and seq > cut_seq:
-            # the caller saved its state after commits this open had to cut (their data was
-            # synced, so only damage can have lost it): its state would name missing records
+        if seq > self._log.seq:
+            # the caller saved its state after commits the log no longer holds (cut here because
+            # their data blocks, synced, fail their checksums; or a log truncated by hand): its
+            # state would name missing records
+            why = ("after commits whose data blocks fail their checksums were cut" if self._log.cut_seq is not None
+                   else "(a truncated log file?)")
             raise CorruptionError(
                 f"block store {self.path}: the caller's state covers log record {seq}, but the "
-                f"log ends at {cut_seq} after commits whose data blocks fail their checksums were cut")
+                f"log ends at {self._log.seq} {why}")
         with self._write_lock:
             self._log.seq = max(self._log.seq, seq)
 

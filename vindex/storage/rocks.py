@@ -16,10 +16,16 @@ Layout, one RocksDB directory with column families:
   the chunks it describes and loaded into memory at open.
 * ``log``: key seq u64 BE -> operation-log record, written in the same WriteBatch as the
   posting changes it describes.
+* the default column family: ``LOG_FLOOR`` -> the highest ``log`` seq a checkpoint covered
+  (u64 BE), written with each truncation of the log (see ``continue_after``).
 
 Writes go through RocksDB's WAL without a sync (they survive a process crash); ``sync()``
 flushes the WAL with fsync. RocksDB checksums every WAL record and SST block; a failed check
-surfaces as ``CorruptionError``, an I/O failure (disk full) as ``StorageError``.
+surfaces as ``CorruptionError``, an I/O failure (disk full) as ``StorageError``. Opening
+replays the WAL to its end: an incomplete last record (a torn write) ends it, and any other
+damage fails the open with ``CorruptionError`` naming the log file, before anything is
+written (RocksDB's default would end the replay at the damage and carry on without the
+acknowledged writes after it).
 
 Reads go through an ``IOScheduler``: under ``sla`` each class has its own multi-get slots, so
 a search never waits for a rebalancing read to finish; the caller copies the values into its
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import struct
 import threading
 import time
@@ -36,8 +43,8 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import numpy as np
-from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, Env, MemtableFactory, Options, Rdict, ReadOptions,
-                       WriteBatch, WriteOptions)
+from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, DBRecoveryMode, Env, MemtableFactory, Options,
+                       Rdict, ReadOptions, WriteBatch, WriteOptions)
 
 from vindex import native
 from vindex.native.kept_table import CHUNKS_MASK as _CHUNKS_MASK
@@ -53,6 +60,11 @@ _PDIR = struct.Struct(">III")  # posting directory value: (chunks, records, firs
 _PDIR_V1 = struct.Struct(">II")  # (chunks, records) of stores written before ``first``
 _PID = struct.Struct(">I")   # posting directory key
 _KEY = struct.Struct(">II")  # (pid, chunk) big-endian, so a posting's chunks are adjacent
+_SEQ = struct.Struct(">Q")   # operation-log key
+#: Key (default column family) of the highest log seq a checkpoint covered.
+LOG_FLOOR = b"log_floor"
+#: How RocksDB's info log names a write-ahead log it could not replay.
+_WAL_DROPPED = re.compile(r"(\d+\.log): dropping \d+ bytes")
 #: Flush and compaction write rate under ``io_scheduler="sla"`` (DESIGN.md: capping background
 #: writes brings the foreground reads' p99 back near its level without them).
 BACKGROUND_WRITE_BYTES_PER_S = 96 << 20
@@ -95,8 +107,31 @@ def _errors(path: str, doing: str) -> Iterator[None]:
         raise
 
 
+def _damaged_log(path: str, exc: Exception) -> str:
+    """`` (write-ahead log <file> is damaged ...)`` for a failed open that RocksDB's info log
+    (``LOG``) blames on a write-ahead log: its error message names no file."""
+    if not str(exc).startswith("Corruption"):
+        return ""
+    try:
+        with open(os.path.join(path, "LOG"), errors="replace") as f:
+            lines = f.readlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):  # "[WARN] ... <path>/000012.log: dropping 32768 bytes; Corruption: ..."
+        found = _WAL_DROPPED.search(line)
+        if found:
+            return (f" (write-ahead log {os.path.join(path, found.group(1))} is damaged, not just torn at "
+                    f"its end: writes acknowledged after the damage cannot be replayed; restore the index "
+                    f"from a backup)")
+    return ""
+
+
 def _options(cache: Cache, create: bool, io_scheduler: str) -> tuple[Options, dict[str, Options]]:
     base = Options(raw_mode=True)
+    # Replay the WAL to its end or fail: only an incomplete last record (a torn write) is
+    # the end of the log. Point-in-time recovery would stop at a damaged record and open
+    # without every acknowledged write after it, then flush that state for good.
+    base.set_wal_recovery_mode(DBRecoveryMode.tolerate_corrupted_tail_records())
     base.create_if_missing(create)
     base.create_missing_column_families(True)
     base.set_max_background_jobs(2)
@@ -183,7 +218,7 @@ class RocksStore:
             if "lock" in str(exc).lower():
                 raise IndexLockedError(
                     f"index store {path} is already open (in this or another process); close it first") from None
-            raise CorruptionError(f"cannot open posting store {path}: {exc}") from exc
+            raise CorruptionError(f"cannot open posting store {path}: {exc}{_damaged_log(path, exc)}") from None
         self._cf = {name: self._db.get_column_family(name) for name in _CFS}
         self._handle = {name: self._db.get_column_family_handle(name) for name in _CFS}
         # Background reads leave the block cache to searches: rebalancing reads several times
@@ -626,11 +661,26 @@ class RocksStore:
                 yield struct.unpack(">Q", key)[0], value
 
     def continue_after(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> None:
+        """Also the check that the store holds everything the caller's checkpoint (``seq``)
+        covers: the log records up to it and the posting changes written with them. Its log
+        reaches ``seq`` when a record at or above it survives, or the floor a truncation
+        wrote does; a truncated write-ahead log that lost them opens without error (a cut
+        looks like a torn tail) and would leave vectors the state names missing. A store
+        written before the floor existed, with an empty log, cannot tell: it passes."""
+        with _errors(self.path, "reading the log floor"):
+            floor = self._db.get(LOG_FLOOR)
+        reached = max(self._seq, _SEQ.unpack(floor)[0] if floor is not None else 0)
+        if reached < seq and (floor is not None or self._seq > 0):
+            raise CorruptionError(
+                f"posting store {self.path}: the checkpoint covers operation-log record {seq}, but "
+                f"the store's log ends at {reached}: its write-ahead log lost records (truncated or "
+                f"deleted *.log files?); restore the index from a backup")
         self._seq = max(self._seq, seq)
 
     def truncate_log(self, upto: int, io: IOClass = IOClass.BACKGROUND) -> None:
         batch = WriteBatch(raw_mode=True)
         batch.delete_range(struct.pack(">Q", 0), struct.pack(">Q", upto + 1), self._handle["log"])
+        batch.put(LOG_FLOOR, _SEQ.pack(upto))  # what the deleted records reached (``continue_after``)
         with _errors(self.path, "truncating the operation log"):
             self._db.write(batch)
 
