@@ -307,6 +307,7 @@ def test_a_full_disk_stops_writes_until_space_is_freed_even_across_a_restart(sma
         with contextlib.suppress(StorageError):  # its checkpoint cannot be written: the log keeps all
             idx.close()
     with vindex.Index.open(path) as idx:  # on the full disk: opens (read-only), not damaged
+        assert idx.stats()["store"]["writes_stopped"]
         _assert_kept(idx, acked)
         assert idx.search(_vectors(rng, 3), 5).ids.shape == (3, 5)
         with pytest.raises(StorageError, match="disk is full") as refused:
@@ -319,6 +320,7 @@ def test_a_full_disk_stops_writes_until_space_is_freed_even_across_a_restart(sma
         x = _vectors(rng, 1)
         idx.upsert([1], x)  # writable again, in place
         acked[1] = x[0]
+        assert not idx.stats()["store"]["writes_stopped"]
         assert idx.wait_idle(120)
         assert idx.verify().ok
     with vindex.Index.open(path) as idx:
