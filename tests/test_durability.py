@@ -292,18 +292,37 @@ def test_a_full_disk_stops_writes_until_space_is_freed_even_across_a_restart(sma
     path = small_disk / "idx"
     acked: dict = {}
     idx = vindex.Index.create(path, dim=DIM)
+    stop, searched, failures = threading.Event(), [0], []
+
+    def search() -> None:  # throughout, and across the store's reopening in place
+        queries = _vectors(np.random.default_rng(8), 4)
+        while not stop.is_set():
+            try:
+                idx.search(queries, 5)
+                searched[0] += 1
+            except Exception as exc:
+                failures.append(exc)
+                return
+    searcher = threading.Thread(target=search)
     try:
         filler = _fill(small_disk, leave=3 << 20)
         _write_until_full(idx, rng, acked)
         _assert_kept(idx, acked)  # searches and gets go on
+        searcher.start()
         os.remove(filler)
         x = _vectors(rng, 10)
         idx.upsert(np.arange(10), x)  # space is back: writes resume, no restart
         acked.update(zip(range(10), x))
+        stop.set()
+        searcher.join()
+        assert not failures and searched[0] > 0, failures
         assert idx.wait_idle(120)
         filler = _fill(small_disk, leave=3 << 20)
         _write_until_full(idx, rng, acked)
     finally:
+        stop.set()
+        if searcher.is_alive():
+            searcher.join()
         with contextlib.suppress(StorageError):  # its checkpoint cannot be written: the log keeps all
             idx.close()
     with vindex.Index.open(path) as idx:  # on the full disk: opens (read-only), not damaged

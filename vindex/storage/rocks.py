@@ -217,7 +217,6 @@ class RocksStore:
         self._open_args = (opts, cf_opts)
         # the failure that stopped writes (a full disk), until the handle is reopened
         self._write_error: StorageError | None = None
-        self._read_only = False
         self._gate = HandleGate()  # readers of the handle; ``_writable`` replaces it
         self._attach(self._open_db(create))
         self._write_lock = threading.Lock()
@@ -252,7 +251,7 @@ class RocksStore:
         opts, cf_opts = self._open_args
         try:
             db = Rdict(self.path, opts, column_families=cf_opts)
-            self._write_error, self._read_only = None, False
+            self._write_error = None
             return db
         except Exception as exc:  # rocksdict raises plain Exception for open failures
             err = _open_error(self.path, exc)
@@ -263,7 +262,7 @@ class RocksStore:
                        access_type=AccessType.read_only(error_if_log_file_exist=False))
         except Exception:
             raise err from None
-        self._write_error, self._read_only = err, True
+        self._write_error = err
         return db
 
     def _attach(self, db: Rdict) -> None:
@@ -521,7 +520,7 @@ class RocksStore:
         return self._io
 
     def _multi_get(self, keys: list[bytes], io: IOClass) -> list:
-        with self._gate.shared(), _errors(self.path, "reading postings"):
+        with self._gate, _errors(self.path, "reading postings"):
             # no handle in a local (see ``commit``)
             return (self._uncached if io is IOClass.BACKGROUND else self._cf["postings"]).get(keys)
 
@@ -608,7 +607,7 @@ class RocksStore:
         if self._write_error is not None:
             with self._write_lock:
                 self._writable()
-        with self._gate.shared(), self._writing(doing):
+        with self._gate, self._writing(doing):
             yield
 
     def commit(self, change: Change, io: IOClass) -> int:
@@ -745,7 +744,7 @@ class RocksStore:
 
     # --- log ----------------------------------------------------------------------------------
     def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
-        with self._gate.shared(), _errors(self.path, "reading the operation log"):
+        with self._gate, _errors(self.path, "reading the operation log"):
             for key, value in self._cf["log"].items(from_key=struct.pack(">Q", seq + 1)):
                 yield struct.unpack(">Q", key)[0], value
 
@@ -763,7 +762,7 @@ class RocksStore:
             self._db.flush_wal(True)
 
     def stats(self) -> dict:
-        with self._gate.shared():
+        with self._gate:
             sst_bytes = int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0)
         return {
             "kind": "rocksdb",
