@@ -521,8 +521,14 @@ class RocksStore:
 
     def _multi_get(self, keys: list[bytes], io: IOClass) -> list:
         with self._gate, _errors(self.path, "reading postings"):
+            if not self._cf:
+                raise self._not_open()
             # no handle in a local (see ``commit``)
             return (self._uncached if io is IOClass.BACKGROUND else self._cf["postings"]).get(keys)
+
+    def _not_open(self) -> StorageError:
+        return StorageError(errno.EIO, f"posting store {self.path}: not open: reopening it after a failed write "
+                                       f"failed ({self._write_error}); the next write tries again")
 
     def _gather(self, values: list, plan: "_ReadPlan") -> tuple[np.ndarray, np.ndarray]:
         """Concatenate each posting's bytes: what memory holds of it, then its fetched
@@ -577,7 +583,8 @@ class RocksStore:
             raise StorageError(failed.errno, f"posting store {self.path}: {cause}; writes resume once space is "
                                              f"freed ({need} bytes free needed, {free} free)")
         with self._gate.exclusive():
-            self._detach()
+            if self._cf:  # else a reopen failed outright: the next write tries again
+                self._detach()
             self._attach(self._open_db(False))
         if self._write_error is not None:  # still full: opened read-only
             raise _again(self._write_error)
@@ -763,7 +770,7 @@ class RocksStore:
 
     def stats(self) -> dict:
         with self._gate:
-            sst_bytes = int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0)
+            sst_bytes = int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0) if self._cf else 0
         return {
             "kind": "rocksdb",
             "reads": self.reads,
@@ -784,4 +791,5 @@ class RocksStore:
                 with _errors(self.path, "syncing the write-ahead log"):
                     self._db.flush_wal(True)
         finally:
-            self._detach()
+            if self._cf:
+                self._detach()
