@@ -220,6 +220,27 @@ def test_repeated_background_failures_log_one_line_and_back_off(index, caplog):
     assert index.verify().ok
 
 
+def test_a_checkpoint_failing_on_a_full_disk_backs_off_and_logs_once(tmp_path, caplog):
+    """A due checkpoint whose store sync fails (as on a full disk) is retried after a pause
+    that doubles, not at once in a loop; one log line, no traceback."""
+    rng = np.random.default_rng(9)
+    idx = vindex.Index.build(tmp_path / "idx", _vectors(rng, 300), checkpoint_every=10, rebalance=False)
+    try:
+        faults = FaultyStore.install(idx)
+        faults.arm(sync=True)
+        with caplog.at_level(logging.INFO, logger="vindex.checkpoint"):
+            idx.upsert(np.arange(1000, 1020), _vectors(rng, 20))  # a checkpoint is due
+            wait_until(lambda: faults.failures >= 3, "three failed checkpoints", timeout=60)
+            faults.clear()
+            assert idx.wait_idle(60)
+        gaps = np.diff(faults.failed_at[:3])
+        assert (gaps >= 0.4).all() and gaps[1] > 1.5 * gaps[0], gaps  # 0.5 s, then 1 s
+        lines = [r for r in caplog.records if "background checkpoint failed" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in lines]
+    finally:
+        idx.close()
+
+
 def test_rate_limited_log_says_how_many_repeats_it_held_back(caplog):
     now = [0.0]
     failures = RateLimitedLog(logging.getLogger("vindex.test"), interval_s=60, clock=lambda: now[0])

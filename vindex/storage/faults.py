@@ -32,7 +32,7 @@ class FaultyStore:
         self._hold: threading.Event | None = None
         self.holding = threading.Event()  # set once a failing commit waits for its hold
         self.failures = 0
-        self.failed_at: list[float] = []  # time.monotonic() of each failing commit
+        self.failed_at: list[float] = []  # time.monotonic() of each failing commit or sync
 
     @classmethod
     def install(cls, index: Any) -> "FaultyStore":
@@ -81,6 +81,7 @@ class FaultyStore:
         with self._lock:
             if self._sync:
                 self.failures += 1
+                self.failed_at.append(time.monotonic())
                 self._fail("fsync", self._errno)
         self._inner.sync(io)
 
