@@ -41,7 +41,7 @@ from .admission import Admission, AdmissionInterceptor
 from .batching import SearchBatcher
 from .collections import Collections
 from .decoding import decode_ids, decode_vectors, values_sent
-from .status import RequestTooLargeError, code_for, message, trailers
+from .status import RequestTooLargeError, code_for, library_error, message, trailers
 from .tenants import TenantInterceptor, current_tenant, load_tenants
 from .tls import server_credentials
 
@@ -206,14 +206,15 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
             if coroutine is not None:
                 return await coroutine()
             return await asyncio.get_running_loop().run_in_executor(pool or self.pool, fn, *args)
-        except errors.VindexError as e:
-            code = code_for(e)
-            if code == grpc.StatusCode.INTERNAL:
-                log.exception("internal error")
-            await context.abort(code, message(e), trailing_metadata=trailers(e))
         except Exception as e:
+            e = library_error(e)  # a plain OSError of a full disk answers as the StorageError it is
+            code = code_for(e)
+            if code != grpc.StatusCode.INTERNAL:  # the message says it all: no traceback
+                await context.abort(code, message(e), trailing_metadata=trailers(e))
             log.exception("internal error")
-            await context.abort(grpc.StatusCode.INTERNAL, message(f"{type(e).__name__}: {e}"))
+            detail = message(e) if isinstance(e, errors.VindexError) else message(f"{type(e).__name__}: {e}")
+            await context.abort(grpc.StatusCode.INTERNAL, detail,
+                                trailing_metadata=trailers(e) if isinstance(e, errors.VindexError) else ())
         finally:
             self.active -= 1
             if not self.active:

@@ -6,10 +6,13 @@ client re-raises the very exception the embedded library would have raised.
 """
 from __future__ import annotations
 
+import re
+
 import grpc
 
 from vindex import errors
 from vindex.errors import ResourceExhaustedError
+from vindex.storage.diskfull import NO_SPACE_ERRNOS
 
 #: Trailing-metadata keys carrying the library exception.
 ERROR_KEY = "vindex-error"
@@ -65,9 +68,23 @@ class ServiceError(errors.VindexError):
         self.code = code
 
 
+def out_of_space(exc: BaseException) -> bool:
+    """A full disk (or quota): RESOURCE_EXHAUSTED, writes resume once space is freed."""
+    return isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS
+
+
+def library_error(exc: Exception) -> Exception:
+    """``exc``, or for a plain ``OSError`` of a full disk (a checkpoint or a new collection's
+    files failing to write) the ``StorageError`` the library raises for one."""
+    if out_of_space(exc) and not isinstance(exc, errors.StorageError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return errors.StorageError(exc.errno, f"{exc.strerror}{where}")
+    return exc
+
+
 def code_for(exc: BaseException) -> grpc.StatusCode:
     """The status code for a library exception; INTERNAL for anything unexpected."""
-    if isinstance(exc, RequestTooLargeError):
+    if isinstance(exc, RequestTooLargeError) or isinstance(exc, errors.StorageError) and out_of_space(exc):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     for cls, code in _CODES:
         if isinstance(exc, cls):
@@ -80,9 +97,15 @@ def code_for(exc: BaseException) -> grpc.StatusCode:
 MAX_MESSAGE_CHARS = 1024
 
 
+#: Said of every out-of-space error that does not say it already.
+DISK_FULL = "the disk is full; writes resume once space is freed"
+
+
 def message(exc: object) -> str:
     """The exception's message for the status details, shortened to ``MAX_MESSAGE_CHARS``."""
     text, more = str(exc), " ... (shortened)"
+    if isinstance(exc, BaseException) and out_of_space(exc) and "disk is full" not in text:
+        text = f"{text}: {DISK_FULL}"
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - len(more)] + more
 
 
@@ -113,6 +136,10 @@ _KNOWN = {cls.__name__: cls for cls in (
 )}
 
 
+#: How an ``OSError`` (a ``StorageError``) prints its errno: the client raises one with it.
+_ERRNO = re.compile(r"\[Errno (\d+)\] (.*)", re.DOTALL)
+
+
 def to_exception(err: grpc.RpcError) -> Exception:
     """The library exception a failed call stands for (``ServiceError`` when there is none)."""
     code, message = err.code(), err.details() or ""
@@ -122,5 +149,8 @@ def to_exception(err: grpc.RpcError) -> Exception:
         if issubclass(cls, errors.DuplicateIdError):
             raw = md.get(IDS_KEY, "")
             return cls(message, [int(i) for i in raw.split(",") if i])
+        numbered = _ERRNO.fullmatch(message) if issubclass(cls, errors.StorageError) else None
+        if numbered:
+            return cls(int(numbered[1]), numbered[2])
         return cls(message)
     return ServiceError(f"{code.name}: {message}", code)

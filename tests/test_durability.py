@@ -1,16 +1,22 @@
 """Durability contract: group commit, fault injection, corruption detection and verify()."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import glob
 import json
+import logging
 import os
+import subprocess
 import threading
 
 import numpy as np
 import pytest
 
 import vindex
+from conftest import wait_until
 from vindex.errors import CorruptionError, StorageError
+from vindex.failures import RateLimitedLog
 from vindex.groupsync import GroupSync
 from vindex.storage import IOClass
 from vindex.storage.faults import FaultyStore
@@ -193,6 +199,173 @@ def test_failed_fsync_is_not_acknowledged(tmp_path):
         assert idx.get([700, 701])[1].all()
     finally:
         idx.close()
+
+
+def test_repeated_background_failures_log_one_line_and_back_off(index, caplog):
+    """A round failing on a full disk again and again: one line (no traceback) per kind of
+    failure per minute, and the pause before each retry doubles."""
+    faults = FaultyStore.install(index)
+    faults.arm(commit_after=0, classes=(IOClass.BACKGROUND,))
+    with caplog.at_level(logging.INFO, logger="vindex.rebalance"):
+        index.upsert(np.arange(10_000, 10_600), _vectors(np.random.default_rng(6), 600, shift=2.0))
+        wait_until(lambda: faults.failures >= 4, "four failed rounds", timeout=60)
+        faults.clear()
+        assert index.wait_idle(120)
+    lines = [r for r in caplog.records if "background round failed" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert lines[0].exc_info is None and "StorageError" in lines[0].getMessage()
+    assert "ENOSPC" in lines[0].getMessage()
+    gaps = np.diff(faults.failed_at[:4])
+    assert (gaps[1:] > 1.5 * gaps[:-1]).all(), gaps  # 0.5 s, 1 s, 2 s plus the rounds themselves
+    assert index.verify().ok
+
+
+def test_a_checkpoint_failing_on_a_full_disk_backs_off_and_logs_once(tmp_path, caplog):
+    """A due checkpoint whose store sync fails (as on a full disk) is retried after a pause
+    that doubles, not at once in a loop; one log line, no traceback."""
+    rng = np.random.default_rng(9)
+    idx = vindex.Index.build(tmp_path / "idx", _vectors(rng, 300), checkpoint_every=10, rebalance=False)
+    try:
+        faults = FaultyStore.install(idx)
+        faults.arm(sync=True)
+        with caplog.at_level(logging.INFO, logger="vindex.checkpoint"):
+            idx.upsert(np.arange(1000, 1020), _vectors(rng, 20))  # a checkpoint is due
+            wait_until(lambda: faults.failures >= 3, "three failed checkpoints", timeout=60)
+            faults.clear()
+            assert idx.wait_idle(60)
+        gaps = np.diff(faults.failed_at[:3])
+        assert (gaps >= 0.4).all() and gaps[1] > 1.5 * gaps[0], gaps  # 0.5 s, then 1 s
+        lines = [r for r in caplog.records if "background checkpoint failed" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in lines]
+    finally:
+        idx.close()
+
+
+def test_rate_limited_log_says_how_many_repeats_it_held_back(caplog):
+    now = [0.0]
+    failures = RateLimitedLog(logging.getLogger("vindex.test"), interval_s=60, clock=lambda: now[0])
+    full, broken = StorageError(errno.ENOSPC, "disk full"), StorageError(errno.EIO, "bad sector")
+    with caplog.at_level(logging.ERROR, logger="vindex.test"):
+        assert failures.failure("round failed", full)
+        for t in (1, 2, 30):
+            now[0] = t
+            assert not failures.failure("round failed", full)
+        assert failures.failure("round failed", broken)  # another kind has its own minute
+        now[0] = 61
+        assert failures.failure("round failed", full)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3 and all(r.exc_info is None for r in caplog.records)
+    assert "disk full" in messages[0] and "bad sector" in messages[1]
+    assert "(3 more like it in the last 61 s not logged)" in messages[2]
+
+
+# --- a full disk (a real one: a small tmpfs) ------------------------------------------------------
+SMALL_DISK_BYTES = 64 << 20
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 MiB tmpfs mounted for the test (root only: skipped where mounting is refused)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK_BYTES}", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def _fill(disk, leave: int) -> str:
+    """A file taking all but ``leave`` bytes of ``disk``; remove it to free the space."""
+    path = os.path.join(disk, "filler")
+    st = os.statvfs(disk)
+    with open(path, "wb") as f:
+        f.write(bytes(max(0, st.f_bavail * st.f_frsize - leave)))
+    return path
+
+
+def _write_until_full(idx, rng, acked: dict) -> None:
+    """Upsert batches until one fails with ENOSPC; ``acked`` gains every acknowledged row."""
+    for _ in range(1000):
+        ids = np.arange(len(acked), len(acked) + 200) + 100_000 * (1 + len(acked) // 100_000)
+        x = _vectors(rng, 200)
+        try:
+            idx.upsert(ids, x)
+        except StorageError as exc:
+            assert exc.errno == errno.ENOSPC and "disk is full" in str(exc), exc
+            return
+        acked.update(zip(ids.tolist(), x))
+    raise AssertionError("the disk never filled")
+
+
+def _assert_kept(idx, acked: dict) -> None:
+    ids = np.array(sorted(acked))
+    got, found = idx.get(ids)
+    assert found.all(), f"{int((~found).sum())} acknowledged rows lost"
+    np.testing.assert_array_equal(got, np.stack([acked[i] for i in ids]))
+
+
+def test_a_full_disk_stops_writes_until_space_is_freed_even_across_a_restart(small_disk):
+    rng = np.random.default_rng(7)
+    path = small_disk / "idx"
+    acked: dict = {}
+    idx = vindex.Index.create(path, dim=DIM)
+    stop, searched, failures = threading.Event(), [0], []
+
+    def search() -> None:  # throughout, and across the store's reopening in place
+        queries = _vectors(np.random.default_rng(8), 4)
+        while not stop.is_set():
+            try:
+                idx.search(queries, 5)
+                searched[0] += 1
+            except Exception as exc:
+                failures.append(exc)
+                return
+    searcher = threading.Thread(target=search)
+    try:
+        filler = _fill(small_disk, leave=3 << 20)
+        _write_until_full(idx, rng, acked)
+        _assert_kept(idx, acked)  # searches and gets go on
+        searcher.start()
+        os.remove(filler)
+        x = _vectors(rng, 10)
+        idx.upsert(np.arange(10), x)  # space is back: writes resume, no restart
+        acked.update(zip(range(10), x))
+        stop.set()
+        searcher.join()
+        assert not failures and searched[0] > 0, failures
+        assert idx.wait_idle(120)
+        filler = _fill(small_disk, leave=3 << 20)
+        _write_until_full(idx, rng, acked)
+    finally:
+        stop.set()
+        if searcher.is_alive():
+            searcher.join()
+        with contextlib.suppress(StorageError):  # its checkpoint cannot be written: the log keeps all
+            idx.close()
+    with vindex.Index.open(path) as idx:  # on the full disk: opens (read-only), not damaged
+        assert idx.stats()["store"]["writes_stopped"]
+        _assert_kept(idx, acked)
+        assert idx.search(_vectors(rng, 3), 5).ids.shape == (3, 5)
+        with pytest.raises(StorageError, match="disk is full") as refused:
+            idx.upsert([1], _vectors(rng, 1))
+        assert refused.value.errno == errno.ENOSPC
+        with pytest.raises(StorageError) as created:
+            vindex.Index.create(small_disk / "new", dim=DIM)
+        assert created.value.errno == errno.ENOSPC and not os.path.exists(small_disk / "new")
+        os.remove(filler)
+        x = _vectors(rng, 1)
+        idx.upsert([1], x)  # writable again, in place
+        acked[1] = x[0]
+        assert not idx.stats()["store"]["writes_stopped"]
+        assert idx.wait_idle(120)
+        assert idx.verify().ok
+    with vindex.Index.open(path) as idx:
+        _assert_kept(idx, acked)
+        assert idx.verify().ok
 
 
 # --- corruption -----------------------------------------------------------------------------------

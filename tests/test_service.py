@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import json
+import logging
 import os
 import queue
 import re
@@ -41,6 +43,8 @@ from vindex.service.ingest import progress_path
 from vindex.service.server import Limits, Server, ServerConfig
 from vindex.service.status import (ERROR_KEY, IDS_KEY, CollectionExistsError, CollectionNotFoundError,
                             RequestTooLargeError, ServiceError)
+from vindex.storage import IOClass
+from vindex.storage.faults import FaultyStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIM = 32
@@ -1050,6 +1054,47 @@ def test_admission_control(tmp_path):
         stub.ListCollections(pb.ListCollectionsRequest(), timeout=30)  # admitted again
     finally:
         gate.opened.set()
+        channel.close()
+        srv.stop()
+
+
+def test_a_full_disk_answers_resource_exhausted_and_writes_resume(tmp_path, monkeypatch, caplog):
+    """Out of space is RESOURCE_EXHAUSTED (saying so, and that writes resume), other storage
+    failures UNAVAILABLE; neither logs a traceback, and the next write after the cause is
+    gone succeeds. A CreateCollection that runs out of space leaves no directory behind."""
+    srv = InProcessServer(tmp_path / "data")
+    assert srv.ready.wait(60)
+    channel = grpc.insecure_channel(srv.target)
+    try:
+        stub = pb_grpc.VectorIndexStub(channel)
+        with vindex.Client(srv.target, timeout=60) as c, caplog.at_level(logging.INFO, logger="vindex.service"):
+            col = c.create_collection("full", dim=4)
+            col.upsert([1], np.ones((1, 4)))
+            with srv.server.collections.use("full") as index:
+                faults = FaultyStore.install(index)
+            faults.arm(commit_after=0, classes=(IOClass.UPDATE,))
+            upsert = pb.UpsertRequest(collection="full", ids=[2], vectors=f32(np.ones((1, 4))), dim=4)
+            err = _fails(stub.Upsert, upsert, grpc.StatusCode.RESOURCE_EXHAUSTED)
+            assert "disk is full" in err.details() and "writes resume once space is freed" in err.details()
+            with pytest.raises(vindex.StorageError) as raised:
+                col.upsert([2], np.ones((1, 4)))
+            assert raised.value.errno == errno.ENOSPC
+            faults.arm(commit_after=0, classes=(IOClass.UPDATE,), err=errno.EIO)
+            _fails(stub.Upsert, upsert, grpc.StatusCode.UNAVAILABLE)
+            faults.clear()
+            col.upsert([2], np.ones((1, 4)))
+            assert len(col) == 2
+
+            def no_space(*args, **kwargs):
+                raise OSError(errno.ENOSPC, "No space left on device", "checkpoint/manifest.json")
+            monkeypatch.setattr(vindex.checkpoint, "save", no_space)  # the new collection's first checkpoint
+            err = _fails(stub.CreateCollection, pb.CreateCollectionRequest(name="new", dim=4),
+                         grpc.StatusCode.RESOURCE_EXHAUSTED)
+            assert "disk is full" in err.details()
+            assert not os.path.exists(tmp_path / "data" / "collections" / "new")
+            assert c.list_collections() == ["full"]
+        assert not [r for r in caplog.records if "internal error" in r.getMessage() or r.exc_info]
+    finally:
         channel.close()
         srv.stop()
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from . import checkpoint, oplog
 from .attempts import Attempts
+from .failures import Backoff, RateLimitedLog
 from .iosched import lower_thread_priority
 
 if TYPE_CHECKING:
@@ -34,8 +35,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vindex.checkpoint")
 
-#: Pause after a failed checkpoint before trying again (the log keeps everything meanwhile).
+#: Pause after a failed checkpoint before trying again (the log keeps everything meanwhile);
+#: it doubles with each failure in a row up to ``RETRY_PAUSE_MAX_S``, and a commit cuts it short.
 RETRY_PAUSE_S = 0.5
+RETRY_PAUSE_MAX_S = 30.0
 
 
 def record_ops(rec: oplog.Record) -> int:
@@ -66,6 +69,9 @@ class Checkpointer:
         self._writing = False
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._backoff = Backoff(RETRY_PAUSE_S, RETRY_PAUSE_MAX_S)
+        self._failures = RateLimitedLog(log)  # a full disk fails every retry alike
+        self._retry_now = False  # a commit went through since the last failure
 
     # --- when -----------------------------------------------------------------------------------
     def note(self, rec: oplog.Record) -> None:
@@ -74,6 +80,7 @@ class Checkpointer:
         self.ops_since += record_ops(rec)
         if self.due():
             with self._cv:
+                self._retry_now = True
                 self._cv.notify_all()
 
     def due(self) -> bool:
@@ -148,14 +155,17 @@ class Checkpointer:
                 if self._stop:
                     return
                 self._writing = True
+            failed = False
             try:
                 self._checkpoint()
                 self.count += 1
+                self._backoff.reset()
             except BaseException as exc:  # keep the thread alive; report through wait_idle
                 if not threading.main_thread().is_alive():
                     log.info("checkpoints stopped: the interpreter is exiting")
                     return
-                log.exception("background checkpoint failed")
+                failed = True
+                self._failures.failure("background checkpoint failed", exc)
                 with self._cv:
                     self.errors += 1
                     self._attempts.failed(self._attempts.started, exc)
@@ -163,9 +173,11 @@ class Checkpointer:
                 with self._cv:
                     self._writing = False
                     self._cv.notify_all()
-            if self._failed:
+            if failed:  # (one failing before its write, as a sync on a full disk does, is still due)
+                pause = self._backoff.next()
                 with self._cv:
-                    self._cv.wait_for(lambda: self._stop, timeout=RETRY_PAUSE_S)
+                    self._retry_now = False
+                    self._cv.wait_for(lambda: self._stop or self._retry_now, timeout=pause)
 
     def _checkpoint(self) -> None:
         """Wait until no background job is inside (none enters meanwhile: one is due), copy

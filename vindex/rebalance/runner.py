@@ -13,6 +13,7 @@ import numpy as np
 
 from ..attempts import Attempts
 from ..engine import Engine
+from ..failures import LOG_INTERVAL_S, Backoff, RateLimitedLog
 from ..iosched import lower_thread_priority, yielding_pool
 from .cut import Cuts
 from .reads import PostingReader
@@ -22,8 +23,11 @@ from .scrub import Scrubber
 
 log = logging.getLogger("vindex.rebalance")
 
-#: Pause after a failed round before retrying its postings.
+#: Pause after a failed round before retrying its postings; it doubles with each failure in
+#: a row up to ``RETRY_PAUSE_MAX_S`` (a full disk stays full for a while), and a write that
+#: succeeds meanwhile (room is back) cuts it short.
 RETRY_PAUSE_S = 0.5
+RETRY_PAUSE_MAX_S = 30.0
 #: Longest sleep between re-pricing a pause the pacer asked for.
 PACE_SLICE_S = 0.05
 #: How often deferred work is checked for searches that still hold it back.
@@ -31,11 +35,17 @@ DEFERRED_POLL_S = 0.005
 
 
 class Rebalancer:
-    """The background worker of one index."""
+    """The background worker of one index. A failed round is retried after
+    ``retry_pause_s``, doubling up to ``retry_pause_max_s`` while failures repeat; each kind
+    of failure is logged once per ``log_interval_s``."""
 
-    def __init__(self, engine: Engine, enabled: bool):
+    def __init__(self, engine: Engine, enabled: bool, *, retry_pause_s: float = RETRY_PAUSE_S,
+                 retry_pause_max_s: float = RETRY_PAUSE_MAX_S, log_interval_s: float = LOG_INTERVAL_S):
         self._engine = engine
         self.enabled = enabled
+        self._backoff = Backoff(retry_pause_s, retry_pause_max_s)
+        self._failures = RateLimitedLog(log, log_interval_s)
+        self._retry_now = False  # a write succeeded since the last failure: the cause may be gone
         self._pending: set[int] = set()
         self._cv = threading.Condition()
         self._busy = False
@@ -70,6 +80,7 @@ class Rebalancer:
         if pids:
             with self._cv:
                 self._pending.update(pids)
+                self._retry_now = True
                 self._cv.notify_all()
 
     def earn_scrub(self, n_written: int) -> None:
@@ -78,6 +89,7 @@ class Rebalancer:
             return
         with self._cv:
             self.scrub.earn(n_written)
+            self._retry_now = True
             self._cv.notify_all()
 
     @contextlib.contextmanager
@@ -165,19 +177,23 @@ class Rebalancer:
                 if batch or scrub:
                     with self._cv:
                         self._rounds.error = None  # the failure (a full disk, say) is over
+                    self._backoff.reset()
             except BaseException as exc:  # keep the worker alive; report through wait_idle
                 if not threading.main_thread().is_alive():
                     # the interpreter is exiting with the index open and has shut the thread
                     # pools down: stop quietly; the next open queues what is left over limit
                     log.info("background rebalancing stopped: the interpreter is exiting")
                     return
-                log.exception("background round failed")
+                self._failures.failure("background round failed", exc)
                 with self._cv:
                     self.counters["errors"] += 1
                     self._rounds.failed(this_round, exc)
                     self._pending.update(batch)
                 self.reassign.finish(apply=False)
-                time.sleep(RETRY_PAUSE_S)
+                pause = self._backoff.next()
+                with self._cv:
+                    self._retry_now = False
+                    self._cv.wait_for(lambda: self._stop or self._retry_now, timeout=pause)
             finally:
                 with self._cv:
                     self._busy = False

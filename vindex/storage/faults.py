@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno as errno_codes
 import threading
+import time
 from typing import Any
 
 from ..errors import StorageError
@@ -31,6 +32,7 @@ class FaultyStore:
         self._hold: threading.Event | None = None
         self.holding = threading.Event()  # set once a failing commit waits for its hold
         self.failures = 0
+        self.failed_at: list[float] = []  # time.monotonic() of each failing commit or sync
 
     @classmethod
     def install(cls, index: Any) -> "FaultyStore":
@@ -65,6 +67,8 @@ class FaultyStore:
             if armed and not fail:
                 self._commit_after -= 1
             self.failures += int(fail)
+            if fail:
+                self.failed_at.append(time.monotonic())
             hold, err = self._hold, self._errno
         if fail:
             if hold is not None:  # outside the lock: ``clear`` must not wait for it
@@ -77,6 +81,7 @@ class FaultyStore:
         with self._lock:
             if self._sync:
                 self.failures += 1
+                self.failed_at.append(time.monotonic())
                 self._fail("fsync", self._errno)
         self._inner.sync(io)
 

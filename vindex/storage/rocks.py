@@ -27,6 +27,13 @@ damage fails the open with ``CorruptionError`` naming the log file, before anyth
 written (RocksDB's default would end the replay at the damage and carry on without the
 acknowledged writes after it).
 
+A full disk (see ``diskfull``): a write that fails is not applied, and RocksDB then refuses
+every later write; the store answers writes with ``StorageError(ENOSPC)`` without trying
+until the disk has room for its write-ahead log plus ``resume_free_bytes``, then reopens its
+RocksDB handle in place (readers wait meanwhile) and writes again. A store opened on a full
+disk opens read-only (RocksDB cannot open for writing without writing) and becomes writable
+the same way.
+
 Reads go through an ``IOScheduler``: under ``sla`` each class has its own multi-get slots, so
 a search never waits for a rebalancing read to finish; the caller copies the values into its
 own buffer. Compaction is rate-limited and runs in RocksDB's low-priority pool.
@@ -43,8 +50,8 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import numpy as np
-from rocksdict import (BlockBasedOptions, Cache, DBCompressionType, DBRecoveryMode, Env, MemtableFactory, Options,
-                       Rdict, ReadOptions, WriteBatch, WriteOptions)
+from rocksdict import (AccessType, BlockBasedOptions, Cache, DBCompressionType, DBRecoveryMode, Env,
+                       MemtableFactory, Options, Rdict, ReadOptions, WriteBatch, WriteOptions)
 
 from vindex import native
 from vindex.native.kept_table import CHUNKS_MASK as _CHUNKS_MASK
@@ -53,6 +60,7 @@ from ..errors import CorruptionError, IndexLockedError, StorageError
 from ..iosched import IOScheduler, IOTargets
 from .base import Change, InPlace, IOClass, PostingBatch, ReadBuffers
 from .directory import Lengths
+from .diskfull import NO_SPACE_ERRNOS, HandleGate, free_bytes, no_space_errno, wal_bytes
 from .kept import GEN, INITIAL_BYTES, ROWS, SEQ, SPAN, START, KeptPostings
 
 _CFS = ("postings", "pdir", "log")
@@ -84,6 +92,9 @@ REREAD_MOVED_MIN = 64
 #: Share of ``cache_bytes`` (on top of the block cache) that postings read may take in
 #: memory (see ``RocksStore._kept``).
 KEPT_SHARE = 0.25
+#: Default for ``RocksStore(resume_free_bytes=)``: room needed, beyond the write-ahead logs
+#: that reopening writes out as tables, before a store stopped by a full disk writes again.
+RESUME_FREE_BYTES = 1 << 20
 
 
 def _key(pid: int, chunk: int) -> bytes:
@@ -102,8 +113,7 @@ def _errors(path: str, doing: str) -> Iterator[None]:
         if msg.startswith("Corruption"):
             raise CorruptionError(f"posting store {path}: {msg} (while {doing})") from None
         if msg.startswith("IO error"):
-            code = errno.ENOSPC if "No space left" in msg else errno.EIO
-            raise StorageError(code, f"posting store {path}: {msg} (while {doing})") from None
+            raise _storage_error(path, msg, doing) from None
         raise
 
 
@@ -124,6 +134,30 @@ def _damaged_log(path: str, exc: Exception) -> str:
                     f"its end: writes acknowledged after the damage cannot be replayed; restore the index "
                     f"from a backup)")
     return ""
+
+
+def _storage_error(path: str, msg: str, doing: str) -> StorageError:
+    code = no_space_errno(msg)
+    if code is None:
+        return StorageError(errno.EIO, f"posting store {path}: {msg} (while {doing})")
+    return StorageError(code, f"posting store {path}: the disk is full ({msg}, while {doing}); "
+                              f"writes resume once space is freed")
+
+
+def _again(err: StorageError) -> StorageError:
+    """A fresh copy of ``err`` to raise (raising one exception object again and again would
+    grow its traceback with every raise)."""
+    return StorageError(err.errno, err.strerror)
+
+
+def _open_error(path: str, exc: Exception) -> Exception:
+    """The vindex error for rocksdict's failure to open ``path``."""
+    msg = str(exc)
+    if "lock" in msg.lower():
+        return IndexLockedError(f"index store {path} is already open (in this or another process); close it first")
+    if no_space_errno(msg) is not None:
+        return _storage_error(path, msg, "opening")
+    return CorruptionError(f"cannot open posting store {path}: {exc}{_damaged_log(path, exc)}")
 
 
 def _options(cache: Cache, create: bool, io_scheduler: str) -> tuple[Options, dict[str, Options]]:
@@ -199,32 +233,27 @@ class RocksStore:
 
     ``early_write_keys``: a commit writing more chunks than this writes them ahead in pieces
     of this many (``_write_ahead``). ``kept_initial_bytes``: the first size of the ring of
-    postings kept in memory (``KeptPostings``).
+    postings kept in memory (``KeptPostings``). ``resume_free_bytes``: room needed beyond
+    the write-ahead logs before a store stopped by a full disk reopens and writes again.
     """
 
     def __init__(self, path: str, *, record_size: int, cache_bytes: int, create: bool,
                  io_scheduler: str = "sla", targets: IOTargets = IOTargets(),
-                 early_write_keys: int = EARLY_WRITE_KEYS, kept_initial_bytes: int = INITIAL_BYTES):
+                 early_write_keys: int = EARLY_WRITE_KEYS, kept_initial_bytes: int = INITIAL_BYTES,
+                 resume_free_bytes: int = RESUME_FREE_BYTES):
         self.record_size = record_size
         self.early_write_keys = early_write_keys
+        self.resume_free_bytes = resume_free_bytes
         self.path = path
         self._cache = Cache(max(cache_bytes, 1 << 20))
         opts, cf_opts = _options(self._cache, create, io_scheduler)
         if not create and not os.path.isdir(path):
             raise CorruptionError(f"posting store missing: {path}")
-        try:
-            self._db = Rdict(path, opts, column_families=cf_opts)
-        except Exception as exc:  # rocksdict raises plain Exception for open failures
-            if "lock" in str(exc).lower():
-                raise IndexLockedError(
-                    f"index store {path} is already open (in this or another process); close it first") from None
-            raise CorruptionError(f"cannot open posting store {path}: {exc}{_damaged_log(path, exc)}") from None
-        self._cf = {name: self._db.get_column_family(name) for name in _CFS}
-        self._handle = {name: self._db.get_column_family_handle(name) for name in _CFS}
-        # Background reads leave the block cache to searches: rebalancing reads several times
-        # the cache's size during a drain, and filling it with those blocks slowed the drain
-        self._uncached = self._db.get_column_family("postings")
-        self._uncached.set_read_options(_uncached_reads())
+        self._open_args = (opts, cf_opts)
+        # the failure that stopped writes (a full disk), until the handle is reopened
+        self._write_error: StorageError | None = None
+        self._gate = HandleGate()  # readers of the handle; ``_writable`` replaces it
+        self._attach(self._open_db(create))
         self._write_lock = threading.Lock()
         # per pid: ``first << 32 | chunks`` in one word, so that a reader sees both from the
         # same commit; ``_dir_version`` is odd while a commit's batch lands and its directory
@@ -251,6 +280,47 @@ class RocksStore:
         self.read_bytes = 0
 
     # --- open ---------------------------------------------------------------------------------
+    def _open_db(self, create: bool) -> Rdict:
+        """Open the database for writing; on a full disk, an existing one read-only (opening
+        for writing writes out the logs' tables first), with writes refused until room is back."""
+        opts, cf_opts = self._open_args
+        try:
+            db = Rdict(self.path, opts, column_families=cf_opts)
+            self._write_error = None
+            return db
+        except Exception as exc:  # rocksdict raises plain Exception for open failures
+            err = _open_error(self.path, exc)
+            if create or not isinstance(err, StorageError):
+                raise err from None
+        try:
+            db = Rdict(self.path, opts, column_families=cf_opts,
+                       access_type=AccessType.read_only(error_if_log_file_exist=False))
+        except Exception:
+            raise err from None
+        self._write_error = err
+        return db
+
+    def _attach(self, db: Rdict) -> None:
+        self._db = db
+        self._cf = {name: db.get_column_family(name) for name in _CFS}
+        self._handle = {name: db.get_column_family_handle(name) for name in _CFS}
+        # Background reads leave the block cache to searches: rebalancing reads several times
+        # the cache's size during a drain, and filling it with those blocks slowed the drain
+        self._uncached = db.get_column_family("postings")
+        self._uncached.set_read_options(_uncached_reads())
+
+    def _detach(self) -> None:
+        """Close the database. Column-family handles keep it alive: they go first, so that
+        its LOCK file is released and it can be opened again in this process."""
+        for rdict in (*self._cf.values(), self._uncached, self._db):
+            try:
+                rdict.close()
+            except Exception as exc:  # rocksdict flushes in close, and closes all the same
+                if self._write_error is None or type(exc) is not Exception:
+                    raise
+        self._cf.clear()
+        self._handle.clear()
+
     def _load_directory(self) -> None:
         for key, value in self._cf["pdir"].items():
             (pid,) = struct.unpack(">I", key)
@@ -485,9 +555,15 @@ class RocksStore:
         return self._io
 
     def _multi_get(self, keys: list[bytes], io: IOClass) -> list:
-        postings = self._uncached if io is IOClass.BACKGROUND else self._cf["postings"]
-        with _errors(self.path, "reading postings"):
-            return postings.get(keys)
+        with self._gate, _errors(self.path, "reading postings"):
+            if not self._cf:
+                raise self._not_open()
+            # no handle in a local (see ``commit``)
+            return (self._uncached if io is IOClass.BACKGROUND else self._cf["postings"]).get(keys)
+
+    def _not_open(self) -> StorageError:
+        return StorageError(errno.EIO, f"posting store {self.path}: not open: reopening it after a failed write "
+                                       f"failed ({self._write_error}); the next write tries again")
 
     def _gather(self, values: list, plan: "_ReadPlan") -> tuple[np.ndarray, np.ndarray]:
         """Concatenate each posting's bytes: what memory holds of it, then its fetched
@@ -529,10 +605,60 @@ class RocksStore:
         return buf[:pos], np.array(ends, dtype=np.int64) // rs
 
     # --- writes -------------------------------------------------------------------------------
+    def _writable(self) -> None:
+        """Make sure writes can go through (caller holds ``_write_lock``): after a failed
+        write, raise its error again while the disk is still short of room, else reopen
+        the handle (writing out the logs' tables) and go on."""
+        failed = self._write_error
+        if failed is None:
+            return
+        free, need = free_bytes(self.path), wal_bytes(self.path) + self.resume_free_bytes
+        if free < need:
+            cause = "the disk is full" if failed.errno in NO_SPACE_ERRNOS else f"a write failed ({failed.strerror})"
+            raise StorageError(failed.errno, f"posting store {self.path}: {cause}; writes resume once space is "
+                                             f"freed ({need} bytes free needed, {free} free)")
+        with self._gate.exclusive():
+            if self._cf:  # else a reopen failed outright: the next write tries again
+                self._detach()
+            self._attach(self._open_db(False))
+        if self._write_error is not None:  # still full: opened read-only
+            raise _again(self._write_error)
+        if self._last_seq() > self._seq:  # not one torn record: a write reported failed was kept
+            self._write_error = StorageError(
+                errno.EIO, f"posting store {self.path}: a write reported as failed was found in the store "
+                           f"after reopening it; close and reopen the index to apply it")
+            raise _again(self._write_error)
+
+    @contextmanager
+    def _writing(self, doing: str) -> Iterator[None]:
+        """``_errors`` for a write: a StorageError stops writes until ``_writable`` resumes them."""
+        try:
+            with _errors(self.path, doing):
+                yield
+        except StorageError as exc:
+            # RocksDB answers writes after a failed one with "Writer has previous error":
+            # the cause reported is the first failure
+            if self._write_error is None or exc.errno in NO_SPACE_ERRNOS:
+                self._write_error = _again(exc)  # no traceback: it would keep the handles alive
+            raise _again(self._write_error) from None
+
+    @contextmanager
+    def _write_access(self, doing: str) -> Iterator[None]:
+        """A write outside ``commit`` (a sync, a log truncation): resumed writes first if
+        they stopped, then the handle held against a reopen."""
+        if self._write_error is not None:
+            with self._write_lock:
+                self._writable()
+        with self._gate, self._writing(doing):
+            yield
+
     def commit(self, change: Change, io: IOClass) -> int:
         with self._write_lock:
+            self._writable()
             batch = WriteBatch(raw_mode=True)
-            post, pdir = self._handle["postings"], self._handle["pdir"]
+            # handles through the dict, never in locals: a traceback keeping this frame would
+            # keep the database open, and ``_writable`` could not reopen it
+            cf = self._handle
             rs = self.record_size
             touched = list(dict.fromkeys([*change.drops, *change.replaces, *change.appends]))
             # [first, chunks, records] per touched posting, as this commit leaves it; read from
@@ -545,8 +671,8 @@ class RocksStore:
             for pid in change.drops:
                 first, chunks, _ = new_dir[pid]
                 if first + chunks:  # from chunk 0: chunks a failed commit left below ``first`` too
-                    batch.delete_range(_key(pid, 0), _key(pid, first + chunks), post)
-                batch.delete(_PID.pack(pid), pdir)
+                    batch.delete_range(_key(pid, 0), _key(pid, first + chunks), cf["postings"])
+                batch.delete(_PID.pack(pid), cf["pdir"])
                 new_dir[pid] = [0, 0, 0]
             # New chunks go to keys outside every posting's current chunks, so they can be
             # written ahead of the batch (see ``_write_ahead``); a replace's old chunks are
@@ -558,7 +684,7 @@ class RocksStore:
                 at = 0 if first > 0 or chunks == 0 else chunks
                 (in_batch if pid in dropped else writes).append((_key(pid, at), data))
                 if chunks:
-                    batch.delete_range(_key(pid, first), _key(pid, first + chunks), post)
+                    batch.delete_range(_key(pid, first), _key(pid, first + chunks), cf["postings"])
                 new_dir[pid] = [at, 1, len(data) // rs]
             for pid, data in change.appends.items():
                 if pid in change.replaces:
@@ -571,18 +697,18 @@ class RocksStore:
             else:
                 in_batch = writes + in_batch
             for key, data in in_batch:
-                batch.put(key, data, post)
+                batch.put(key, data, cf["postings"])
             pack_pid, pack_dir = _PID.pack, _PDIR.pack
             for pid, (first, chunks, records) in new_dir.items():
                 if chunks:
-                    batch.put(pack_pid(pid), pack_dir(chunks, records, first), pdir)
+                    batch.put(pack_pid(pid), pack_dir(chunks, records, first), cf["pdir"])
             seq = 0
             if change.log is not None:
                 seq = self._seq + 1
                 batch.put(struct.pack(">Q", seq), change.log, self._handle["log"])
             self._dir_version += 1
             try:
-                with _errors(self.path, "writing"):
+                with self._writing("writing"):
                     self._db.write(batch)
                 if seq:
                     self._seq = seq
@@ -607,13 +733,13 @@ class RocksStore:
         between them: in ``pause``, where the engine lets running searches finish. A crash
         before the commit leaves chunks outside every posting's directory entry: never read,
         and overwritten by the writes that later extend a posting to their keys."""
-        post = self._handle["postings"]
+        cf = self._handle  # not a handle in a local: see ``commit``
         piece, size = WriteBatch(raw_mode=True), 0
         for i, (key, data) in enumerate(writes):
-            piece.put(key, data, post)
+            piece.put(key, data, cf["postings"])
             size += len(data)
             if len(piece) >= self.early_write_keys or size >= EARLY_WRITE_BYTES or i == len(writes) - 1:
-                with _errors(self.path, "writing"):
+                with self._writing("writing"):
                     self._db.write(piece)
                 if pause is not None:
                     pause()
@@ -625,6 +751,10 @@ class RocksStore:
                   io: IOClass = IOClass.BACKGROUND) -> None:
         opts = WriteOptions()
         opts.disable_wal = True  # durable by the flush below; a crashed build is discarded
+        with self._write_lock, self._writing("loading postings"):
+            self._bulk_load(pids, records, offsets, opts)
+
+    def _bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray, opts: WriteOptions) -> None:
         post, pdir = self._handle["postings"], self._handle["pdir"]
         batch, size = WriteBatch(raw_mode=True), 0
         for i, pid in enumerate(np.asarray(pids).tolist()):
@@ -656,7 +786,7 @@ class RocksStore:
 
     # --- log ----------------------------------------------------------------------------------
     def log_since(self, seq: int, io: IOClass = IOClass.BACKGROUND) -> Iterator[tuple[int, bytes]]:
-        with _errors(self.path, "reading the operation log"):
+        with self._gate, _errors(self.path, "reading the operation log"):
             for key, value in self._cf["log"].items(from_key=struct.pack(">Q", seq + 1)):
                 yield struct.unpack(">Q", key)[0], value
 
@@ -681,14 +811,16 @@ class RocksStore:
         batch = WriteBatch(raw_mode=True)
         batch.delete_range(struct.pack(">Q", 0), struct.pack(">Q", upto + 1), self._handle["log"])
         batch.put(LOG_FLOOR, _SEQ.pack(upto))  # what the deleted records reached (``continue_after``)
-        with _errors(self.path, "truncating the operation log"):
+        with self._write_access("truncating the operation log"):
             self._db.write(batch)
 
     def sync(self, io: IOClass = IOClass.UPDATE) -> None:
-        with _errors(self.path, "syncing the write-ahead log"):
+        with self._write_access("syncing the write-ahead log"):
             self._db.flush_wal(True)
 
     def stats(self) -> dict:
+        with self._gate:
+            sst_bytes = int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0) if self._cf else 0
         return {
             "kind": "rocksdb",
             "reads": self.reads,
@@ -696,18 +828,18 @@ class RocksStore:
             "block_cache_usage": self._cache.get_usage(),
             "kept_bytes": self._kept.live_bytes,
             "kept_allocated_bytes": self._kept.allocated_bytes,
-            "sst_bytes": int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0),
+            "sst_bytes": sst_bytes,
+            "writes_stopped": self._write_error is not None,
             "io": self._io.stats(),
         }
 
     def close(self) -> None:
         self._io.close()
         self._kept = KeptPostings(0, self.record_size)  # its memory goes now, not with the store
-        self._db.flush_wal(True)
-        # Column-family handles keep the database alive; drop them before closing it so the
-        # LOCK file is released and the index can be reopened in this process.
-        for cf in (*self._cf.values(), self._uncached):
-            cf.close()
-        self._cf.clear()
-        self._handle.clear()
-        self._db.close()
+        try:
+            if self._write_error is None:  # else RocksDB refuses it; what the log holds is in it already
+                with _errors(self.path, "syncing the write-ahead log"):
+                    self._db.flush_wal(True)
+        finally:
+            if self._cf:
+                self._detach()
