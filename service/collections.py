@@ -2,11 +2,14 @@
 
 ::
 
-    <data>/collections/<name>/    one index directory per collection
+    <data>/collections/<name>/                 one index directory per collection
+    <data>/collections/.dropping-<name>-<n>/   a dropped one whose files are being removed
 
 A collection in use is pinned by the calls that use it; dropping one refuses new calls at once
 and closes the index only after the calls already running on it have finished, so no search
-ever reads a store that is being closed.
+ever reads a store that is being closed. A drop first renames the directory out of the
+served namespace, so that a drop cut short leaves no half-deleted collection: the next start
+removes the leftovers.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+import itertools
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -34,13 +38,15 @@ SUBDIR = "collections"
 #: collection is marked damaged and the others are served. Anything else (the index locked
 #: by another process, a bad runtime setting) stops the server.
 DAMAGED = (errors.CorruptionError, errors.NotAnIndexError)
+DROPPING_PREFIX = ".dropping-"
 
 
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        shown = repr(name) if len(name) <= 80 else f"{name[:64]!r}... ({len(name)} characters)"
         raise errors.InvalidInputError(
             f"collection name: expected 1-64 characters from [A-Za-z0-9_.-] starting with a letter "
-            f"or digit, got {name!r}")
+            f"or digit, got {shown}")
     return name
 
 
@@ -61,13 +67,20 @@ def _lock_dir(data_dir: str) -> int | None:
 
 
 class _Entry:
-    """An open collection and the count of calls using it."""
+    """A collection's state: open (``index``), damaged (``broken``) or being created, and
+    the count of calls using it."""
 
     def __init__(self, name: str, index: vindex.Index | None, broken: Exception | None = None):
         self.name, self.index = name, index
         self.broken = broken  # why a collection on disk could not be opened (corruption)
+        self.creating = False  # the name is reserved by a create in progress
         self.users = 0
         self.dropping = False
+
+    def damaged_error(self) -> errors.CorruptionError:
+        return errors.CorruptionError(
+            f"collection {self.name!r} is damaged (drop it, or stop the server and run "
+            f"'vindex verify'): {self.broken}")
 
 
 class Collections:
@@ -88,6 +101,10 @@ class Collections:
         damaged (``DAMAGED``) stays closed and answers every call naming it with DATA_LOSS."""
         for name in sorted(os.listdir(self.root)):
             path = os.path.join(self.root, name)
+            if name.startswith(DROPPING_PREFIX) and os.path.isdir(path):
+                log.warning("removing %s: what a drop that did not finish left behind", path)
+                shutil.rmtree(path, ignore_errors=True)
+                continue
             if not NAME_RE.fullmatch(name) or not os.path.isdir(path):
                 continue
             if not os.path.exists(os.path.join(path, "vindex.json")):
@@ -122,9 +139,11 @@ class Collections:
                 f"config store: a served collection must be persistent ('rocksdb'), got {config['store']!r}")
         with self._cond:
             entry = self._entries.get(name)
-            while entry is not None and entry.index is None:  # another call is creating it: wait
+            while entry is not None and entry.creating:  # another call is creating it: wait
                 self._cond.wait()
                 entry = self._entries.get(name)
+            if entry is not None and entry.broken is not None and not entry.dropping:
+                raise entry.damaged_error()
             if entry is not None and not entry.dropping:
                 index = entry.index
                 if if_not_exists and (index.dim, index.metric) == (dim, metric):
@@ -135,11 +154,11 @@ class Collections:
             if entry is not None:
                 raise errors.IndexLockedError(f"collection {name!r} is being dropped; retry")
             # reserve the name while the (slow) creation runs outside the lock
-            self._entries[name] = reserved = _Entry(name, None)  # type: ignore[arg-type]
-            reserved.dropping = True
+            self._entries[name] = reserved = _Entry(name, None)
+            reserved.creating = reserved.dropping = True  # calls naming it get NOT_FOUND meanwhile
         path = os.path.join(self.root, name)
         try:
-            if os.path.exists(path):  # left behind by a failed create or an interrupted drop
+            if os.path.exists(path):  # left behind by a failed create
                 shutil.rmtree(path)
             settings = {**self._runtime, **config}
             index = self._opened(vindex.Index.create(path, dim=dim, metric=metric, **settings) if vectors is None
@@ -157,14 +176,13 @@ class Collections:
     @contextmanager
     def use(self, name: str) -> Iterator[vindex.Index]:
         """Pin collection ``name`` for the duration of a call."""
+        check_name(name)
         with self._cond:
             entry = self._entries.get(name)
             if entry is None or entry.dropping:
                 raise CollectionNotFoundError(f"no collection named {name!r}")
             if entry.broken is not None:
-                raise errors.CorruptionError(
-                    f"collection {name!r} is damaged (drop it, or stop the server and run "
-                    f"'vindex verify'): {entry.broken}")
+                raise entry.damaged_error()
             entry.users += 1
         try:
             yield entry.index
@@ -176,6 +194,7 @@ class Collections:
 
     def drop(self, name: str) -> bool:
         """Remove a collection and its files; False if there is none of that name."""
+        check_name(name)
         with self._cond:
             entry = self._entries.get(name)
             if entry is None or entry.dropping:
@@ -186,11 +205,20 @@ class Collections:
         try:
             if entry.index is not None:
                 entry.index.close()
-            shutil.rmtree(os.path.join(self.root, name))
+            shutil.rmtree(self._move_out(name))
         finally:
             with self._cond:
                 del self._entries[name]
         return True
+
+    def _move_out(self, name: str) -> str:
+        """Rename collection ``name``'s directory to a fresh ``.dropping-<name>-<n>``; returns it."""
+        for n in itertools.count(1):
+            moved = os.path.join(self.root, f"{DROPPING_PREFIX}{name}-{n}")
+            if not os.path.exists(moved):
+                os.rename(os.path.join(self.root, name), moved)
+                return moved
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Wait for running calls, then close every collection (checkpointing each)."""
@@ -204,6 +232,9 @@ class Collections:
             if e.index is not None:
                 try:
                     e.index.close()
+                except errors.StorageError as exc:  # a full disk: one line, not a traceback
+                    log.warning("closing collection %s: %s (what it acknowledged is in its write-ahead "
+                                "log and replays at the next start)", e.name, exc)
                 except Exception:
                     log.exception("closing collection %s", e.name)
         with self._cond:

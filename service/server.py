@@ -502,7 +502,8 @@ class Server:
         except asyncio.TimeoutError:
             pass
         await self.server.stop(max(0.0, deadline - loop.time()))
-        await asyncio.get_running_loop().run_in_executor(self.pool, self.collections.close)
+        # on a thread of its own: calls that outlived the grace period may hold every worker
+        await asyncio.get_running_loop().run_in_executor(None, self.collections.close)
         self.update_pool.shutdown(wait=True)
         self.pool.shutdown(wait=True)
         self._stopped.set()

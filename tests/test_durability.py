@@ -389,6 +389,26 @@ def test_flipped_bytes_in_the_posting_store_raise_corruption(tmp_path):
             idx.verify()
 
 
+def test_a_checkpoint_cut_short_by_a_full_disk_is_a_storage_error(tmp_path, monkeypatch):
+    """numpy reports a short write as an OSError without errno: the save answers ENOSPC,
+    removes its partial files and leaves the checkpoint before it in place."""
+    from vindex import checkpoint
+    checkpoint.save(str(tmp_path), 1, {"a": np.arange(10)}, {})
+    real_save = np.save
+
+    def short_write(f, arr, **kwargs):
+        real_save(f, arr[:1], **kwargs)
+        raise OSError("80 requested and 8 written")
+
+    monkeypatch.setattr(np, "save", short_write)
+    with pytest.raises(StorageError) as ei:
+        checkpoint.save(str(tmp_path), 2, {"a": np.arange(10)}, {})
+    assert ei.value.errno == errno.ENOSPC and "80 requested and 8 written" in str(ei.value)
+    monkeypatch.setattr(np, "save", real_save)
+    assert os.listdir(tmp_path / "checkpoint") == [f"{1:020d}"]
+    assert checkpoint.load(str(tmp_path), 1)[0]["a"].tolist() == list(range(10))
+
+
 def test_truncated_checkpoint_raises_corruption(tmp_path):
     vindex.Index.build(tmp_path / "idx", _vectors(np.random.default_rng(7), 500)).close()
     victim = glob.glob(str(tmp_path / "idx" / "checkpoint" / "*" / "versions.npy"))[0]

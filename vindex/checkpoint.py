@@ -7,6 +7,7 @@ at any point leaves either the old checkpoint plus its log or the new one.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import zlib
 
 import numpy as np
 
-from .errors import CorruptionError
+from .errors import CorruptionError, StorageError
 from .files import fsync_dir
 
 DIR = "checkpoint"
@@ -26,10 +27,27 @@ def _name(seq: int) -> str:
 
 
 def save(index_dir: str, seq: int, arrays: dict[str, np.ndarray], extra: dict) -> None:
+    """Write checkpoint ``seq``. A failed write (a full disk) removes what it wrote and raises
+    ``StorageError``; the previous checkpoint and the log stay as they were."""
     root = os.path.join(index_dir, DIR)
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, _name(seq))
     tmp = final + ".tmp"
+    try:
+        _write(tmp, seq, arrays, extra)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # give the space back
+        if isinstance(exc, StorageError):
+            raise
+        # numpy's tofile reports a short write (a full disk) as an OSError without errno
+        code = exc.errno or errno.ENOSPC
+        raise StorageError(code, f"checkpoint {tmp}: {exc.strerror or exc}") from None
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    fsync_dir(root)
+
+
+def _write(tmp: str, seq: int, arrays: dict[str, np.ndarray], extra: dict) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     meta = {"seq": seq, "extra": extra, "arrays": {}}
@@ -47,9 +65,6 @@ def save(index_dir: str, seq: int, arrays: dict[str, np.ndarray], extra: dict) -
         f.flush()
         os.fsync(f.fileno())
     fsync_dir(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    fsync_dir(root)
 
 
 def prune(index_dir: str, keep_seq: int) -> None:
