@@ -132,7 +132,7 @@ _KNOWN = {cls.__name__: cls for cls in (
     errors.IndexClosedError,
     errors.IndexNotFoundError, errors.IndexExistsError, errors.NotAnIndexError,
     CollectionNotFoundError, CollectionExistsError, RequestTooLargeError, ResourceExhaustedError,
-    QuotaExceededError,
+    QuotaExceededError, errors.FilterError, errors.PayloadTooLargeError, errors.UnknownIdError,
 )}
 
 

@@ -10,10 +10,11 @@ numba kernels for every hot loop.
 from __future__ import annotations
 
 from .config import IndexConfig
-from .errors import (CorruptionError, DeadlineExpired, DimensionError, DuplicateIdError, IdExistsError,
+from .errors import (CorruptionError, DeadlineExpired, DimensionError, DuplicateIdError, FilterError, IdExistsError,
                      IndexClosedError, IndexExistsError, IndexLockedError, IndexNotFoundError, InvalidConfigError,
                      InvalidIdError, InvalidInputError, InvalidKError, LengthMismatchError, NonFiniteError,
-                     NotAnIndexError, ResourceExhaustedError, StorageError, VindexError)
+                     NotAnIndexError, PayloadTooLargeError, ResourceExhaustedError, StorageError, UnknownIdError,
+                     VindexError)
 from .gcpause import freeze_heap
 from .index import Index
 from .results import SearchResult
@@ -44,4 +45,5 @@ __all__ = [
     "InvalidIdError", "LengthMismatchError", "DuplicateIdError", "IdExistsError", "IndexNotFoundError",
     "NotAnIndexError", "IndexExistsError", "IndexLockedError", "InvalidConfigError", "IndexClosedError",
     "CorruptionError", "StorageError", "ResourceExhaustedError", "DeadlineExpired", "VerifyReport",
+    "FilterError", "PayloadTooLargeError", "UnknownIdError",
 ]

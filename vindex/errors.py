@@ -48,6 +48,27 @@ class IdExistsError(DuplicateIdError):
     """``add`` of ids already in the index (ALREADY_EXISTS over gRPC)."""
 
 
+class FilterError(InvalidInputError):
+    """A filter that is not valid in the filter language (an unknown operator, a value of the
+    wrong type); the message names the path to the problem."""
+
+
+class PayloadTooLargeError(InvalidInputError):
+    """Metadata or a document over its per-row limit (``max_metadata_bytes``,
+    ``max_document_bytes``)."""
+
+
+class UnknownIdError(InvalidInputError, KeyError):
+    """Ids that must exist (``set_metadata``) but are not live in the index."""
+
+    def __init__(self, message: str, ids: Iterable[object] = ()):
+        super().__init__(message)
+        self.ids = list(ids)
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
 class IndexNotFoundError(InvalidInputError, FileNotFoundError):
     """``Index.open`` on a path that does not exist."""
 
