@@ -849,10 +849,10 @@ def structured_case(draw, world: World, methods: list[str] | None = None):
         if method == "Flush":
             req.wait_idle = draw(st.booleans())
         known = name in read_names or name in world.scratch
-        return method, req, {OK} if known else {NOT_FOUND}
+        return method, req, {OK} if known else {INVALID} if name in BAD_NAMES else {NOT_FOUND}
     if method == "DropCollection":
         name = draw(st.sampled_from(SCRATCH + UNKNOWN + BAD_NAMES))
-        return method, pb.DropCollectionRequest(name=name), {OK}
+        return method, pb.DropCollectionRequest(name=name), {INVALID} if name in BAD_NAMES else {OK}
     if method == "CreateCollection":
         return create_case(draw, world, kind)
     # data RPCs: a modeled collection (exact expectations), scratch, unknown or bad names
@@ -869,7 +869,7 @@ def structured_case(draw, world: World, methods: list[str] | None = None):
         known = world.scratch.get(name)
         dim = known[0] if known and 1 <= known[0] <= 64 else fallback_dim
     missing = name not in MODELED and name != SENTINEL and name not in world.scratch
-    ok = {NOT_FOUND} if missing else {OK} if exact else ALLOWED
+    ok = ({INVALID} if name in BAD_NAMES else {NOT_FOUND}) if missing else {OK} if exact else ALLOWED
     ids = ids_for(draw, name)
     if method in ("Get", "Delete"):
         req = REQUEST_TYPES[method](collection=name, ids=ids)
@@ -1292,7 +1292,7 @@ def test_regression_name_with_trailing_newline(world, name):
     code, _, err = outcome(world.stub.CreateCollection, pb.CreateCollectionRequest(name=name, dim=4))
     check_status(code, err, {INVALID})
     code, _, _ = outcome(world.stub.DescribeCollection, pb.DescribeCollectionRequest(name=name))
-    assert code == NOT_FOUND
+    assert code == INVALID
 
 
 @pytest.mark.parametrize("payload", [b"\xff\xff\xff", b"\x0a\x02\xc3\x28"], ids=["bad-tag", "bad-utf8"])
