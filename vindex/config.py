@@ -30,7 +30,8 @@ SMALL_SEARCH_QUERIES = 16
 RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebalance_batch",
                             "checkpoint_every", "scrub_ratio", "durability",
                             "io_scheduler", "interactive_p99_ms", "read_p99_ms",
-                            "exact_search_max_heads"})
+                            "exact_search_max_heads", "max_metadata_bytes", "max_document_bytes",
+                            "filter_exact_factor", "filter_widen"})
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,18 @@ class IndexConfig:
     """Beam width of the head-graph search; 0 means ``max(max_postings, 32)`` (a wider beam
     finds slightly better heads at more graph cost)."""
 
+    # --- metadata, documents and filters ------------------------------------------------------
+    max_metadata_bytes: int = 64 * 1024
+    """(runtime) Largest metadata of one record, as compact JSON (``PayloadTooLargeError`` over it)."""
+    max_document_bytes: int = 1024 * 1024
+    """(runtime) Largest document of one record, in UTF-8 bytes."""
+    filter_exact_factor: float = 4.0
+    """(runtime) A filtered search scans every posting that holds a matching record (an exact
+    answer) when there are at most ``filter_exact_factor * max_postings`` of them."""
+    filter_widen: float = 8.0
+    """(runtime) Otherwise it scans the postings nearest the query among those that hold
+    matches: ``max_postings / selectivity`` of them, at most ``filter_widen * max_postings``."""
+
     # --- storage ---------------------------------------------------------------------------
     store: str = "rocksdb"
     """Posting store: ``rocksdb`` (embedded, the default), ``blocks`` (one file of 4 KiB
@@ -210,6 +223,10 @@ class IndexConfig:
         need(self.interactive_p99_ms > 0, "interactive_p99_ms", "> 0")
         need(self.read_p99_ms > 0, "read_p99_ms", "> 0")
         need(0 <= self.exact_search_max_heads <= 1 << 30, "exact_search_max_heads", "0..2^30")
+        need(2 <= self.max_metadata_bytes <= 1 << 30, "max_metadata_bytes", "2..2^30")
+        need(0 <= self.max_document_bytes <= 1 << 30, "max_document_bytes", "0..2^30")
+        need(self.filter_exact_factor >= 0, "filter_exact_factor", ">= 0")
+        need(self.filter_widen >= 1, "filter_widen", ">= 1")
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "IndexConfig":
