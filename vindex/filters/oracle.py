@@ -15,7 +15,8 @@ def matches(f: Filter, meta: dict | None) -> bool:
         return any(matches(c, meta) for c in f.children)
     if isinstance(f, Not):
         return not matches(f.child, meta)
-    assert isinstance(f, Field)
+    if not isinstance(f, Field):
+        raise TypeError(f"expected a compiled Filter, got {type(f).__name__}")
     value = _resolve(meta, f.path)
     if f.op == "$exists":
         return (value is not _MISSING) == f.operand
