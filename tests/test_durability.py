@@ -493,7 +493,7 @@ def _log_cf(path):
     from rocksdict import Options, Rdict
 
     db = Rdict(str(path / "store"), Options(raw_mode=True),
-               column_families={n: Options(raw_mode=True) for n in ("postings", "pdir", "log")})
+               column_families={n: Options(raw_mode=True) for n in ("postings", "pdir", "log", "payload")})
     return db, db.get_column_family("log")
 
 

@@ -203,7 +203,7 @@ def test_rocks_refuses_a_chunk_that_is_not_whole_records_and_keeps_nothing_of_it
     s = RocksStore(path, record_size=RS, cache_bytes=1 << 22, create=True)
     s.commit(Change(appends={0: recs([1, 2]), 1: recs([3])}), IOClass.UPDATE)
     s.close()
-    db = Rdict(path, Options(raw_mode=True), column_families={n: Options(raw_mode=True) for n in ("postings", "pdir", "log")})
+    db = Rdict(path, Options(raw_mode=True), column_families={n: Options(raw_mode=True) for n in ("postings", "pdir", "log", "payload")})
     postings = db.get_column_family("postings")
     key = next(k for k in postings.keys() if struct.unpack(">II", k)[0] == 0)
     postings[key] = postings[key][:-3]  # torn: two records less three bytes
@@ -227,7 +227,7 @@ def test_rocks_opens_a_directory_written_before_first_chunks(tmp_path):
     s.commit(Change(appends={0: recs([1]), 5: recs([2])}), IOClass.UPDATE)
     s.commit(Change(appends={0: recs([3])}), IOClass.UPDATE)
     s.close()
-    db = Rdict(path, Options(raw_mode=True), column_families={n: Options(raw_mode=True) for n in ("postings", "pdir", "log")})
+    db = Rdict(path, Options(raw_mode=True), column_families={n: Options(raw_mode=True) for n in ("postings", "pdir", "log", "payload")})
     pdir = db.get_column_family("pdir")
     for key, value in list(pdir.items()):
         pdir[key] = value[:8]

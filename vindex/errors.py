@@ -39,9 +39,9 @@ class LengthMismatchError(InvalidInputError):
 class DuplicateIdError(InvalidInputError):
     """Ids repeated within one call, or ``add`` of ids already in the index."""
 
-    def __init__(self, message: str, ids: Iterable[int]):
+    def __init__(self, message: str, ids: Iterable[int | str]):
         super().__init__(message)
-        self.ids = [int(i) for i in ids]
+        self.ids = [i if isinstance(i, str) else int(i) for i in ids]
 
 
 class IdExistsError(DuplicateIdError):
@@ -112,7 +112,7 @@ class DeadlineExpired(VindexError):
 
 def preview(ids: Iterable[int], limit: int = 10) -> str:
     """``[3, 7, 9]`` or ``[3, 7, ... (+12 more)]`` for error messages."""
-    ids = [int(i) for i in ids]
-    head = ", ".join(str(i) for i in ids[:limit])
+    ids = [i if isinstance(i, str) else int(i) for i in ids]
+    head = ", ".join(repr(i) if isinstance(i, str) else str(i) for i in ids[:limit])
     more = f", ... (+{len(ids) - limit} more)" if len(ids) > limit else ""
     return f"[{head}{more}]"

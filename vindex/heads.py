@@ -191,13 +191,26 @@ class HeadGraph:
         rows[~ok, :entries.shape[0]] = entries
         return rows
 
+    def search_among(self, queries: np.ndarray, metric: int, m: int, eps: float, among: np.ndarray,
+                     held: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Like ``search``, over the live heads flagged in ``among`` (bool per pid) only, by
+        scoring each of them (a filtered search's choice among the postings with matches)."""
+        nq = queries.shape[0]
+        ids = np.empty((nq, m), dtype=np.int32)
+        dists = np.empty((nq, m), dtype=np.float32)
+        return self._search_exact(self.arrays_, queries, metric, m, eps, ids, dists, held, among)
+
     def _search_exact(self, arrays: _Arrays, queries: np.ndarray, metric: int, m: int,
-                      eps: float, ids: np.ndarray, dists: np.ndarray, held: bool = False
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      eps: float, ids: np.ndarray, dists: np.ndarray, held: bool = False,
+                      among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         # One copy of the liveness flags fixes the head set for the whole batch. Writers make
         # new heads alive before they retire old ones, so a copy taken in index order never
         # misses both a split head and its children.
         alive = arrays.alive.copy()
+        if among is not None:
+            n = min(alive.shape[0], among.shape[0])
+            alive[:n] &= among[:n]
+            alive[n:] = False
         n = int(np.flatnonzero(alive)[-1]) + 1 if alive.any() else 0
         vectors, alive = arrays.vectors[:n], alive[:n]
         if queries.shape[0] <= EXACT_KERNEL_MAX_QUERIES:  # BLAS call overheads dominate

@@ -7,30 +7,35 @@ import shutil
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
-from . import checkpoint, layout, oplog, validation, writes
+from . import checkpoint, filtered, ids as idkinds, layout, oplog, payloads, validation, writes
 from .build import build_postings
 from .checkpointer import Checkpointer
 from .config import SMALL_SEARCH_QUERIES, IndexConfig, check_metric, record_bytes
 from .engine import Engine
-from .errors import CorruptionError, IdExistsError, IndexClosedError, InvalidInputError, preview
+from .errors import (CorruptionError, IdExistsError, IndexClosedError, InvalidConfigError, InvalidInputError,
+                     UnknownIdError, preview)
+from .filters import Filter, compile_filter, decode_metadata
 from .heads import METRIC_CODES, HeadGraph
-from .idmap import IdMap
+from .idmap import DELETED, IdMap
 from .iosched import IOTargets, yielding_pool
 from .progress import enabled
 from .rebalance import STALE_ARRAYS, Rebalancer, drop_orphans, policy
-from .results import SearchResult
+from .results import GetResult, ScrollPage, SearchResult
 from .search import search as run_search
 from .state import State
+from .strids import StrIds
 from .storage import Change, IOClass, open_store, records
 from .verify import VerifyReport
 from .verify import verify as verify_index
 
 #: Attempts of an optimistic ``get`` before it reads under the writers' lock.
 GET_RETRIES = 3
+#: Rows of metadata and documents per store write of a bulk build.
+BUILD_PAYLOAD_ROWS = 10_000
 
 
 class _Threads:
@@ -93,19 +98,34 @@ class Index:
 
     # --- construction -------------------------------------------------------------------------
     @classmethod
-    def build(cls, path: str | os.PathLike, vectors: Any, ids: Any = None, *, metric: str = "l2",
+    def build(cls, path: str | os.PathLike, vectors: Any, ids: Any = None, *, metadata: Any = None,
+              documents: Any = None, id_type: str | None = None, metric: str = "l2",
               progress: bool | None = None, **config: Any) -> "Index":
         """Bulk-build an index over ``vectors`` (n, dim) at ``path`` and return it open.
 
-        ``ids`` default to ``0..n-1``. ``progress`` shows progress bars (default: when stderr
+        ``ids`` default to ``0..n-1``; they may be strs instead (a str-id index). ``id_type``
+        ("int" or "str") fixes the kind of ids even before any is written. ``metadata`` (one
+        dict or None per row) and ``documents`` (one str or None per row) are stored with the
+        vectors (see :meth:`upsert`). ``progress`` shows progress bars (default: when stderr
         is a terminal). Keyword arguments set :class:`IndexConfig` fields.
         """
         metric = check_metric(metric)
         cfg = IndexConfig.from_kwargs(config)
         x = validation.matrix(vectors)
         dim = int(x.shape[1])
-        exts = np.arange(x.shape[0], dtype=np.int64) if ids is None else validation.ids(ids)
+        id_type = idkinds.check_id_type(id_type)
+        if ids is None and id_type == "str" and x.shape[0]:
+            raise InvalidInputError("ids: a str-id index needs its ids (no default for string ids)")
+        table = StrIds()
+        resolved = (idkinds.Resolved("int", np.arange(x.shape[0], dtype=np.int64)) if ids is None
+                    else idkinds.resolve(id_type, table, ids))
+        idkinds.plan_new(table, resolved)
+        exts = resolved.exts
         validation.same_length(exts, x)
+        metas = payloads.encode_metadata(metadata, x.shape[0], cfg.max_metadata_bytes)
+        docs = payloads.encode_documents(documents, x.shape[0], cfg.max_document_bytes)
+        if (metas or docs) and cfg.store == "blocks":
+            raise InvalidConfigError("metadata and documents need store='rocksdb' (or 'memory'), not 'blocks'")
         x = (validation.unit_rows(x, what="vectors") if metric == "cosine"
              else validation.bounded_rows(x, what="vectors"))
         path = os.fspath(path)
@@ -118,6 +138,12 @@ class Index:
                                targets=IOTargets.of(cfg))
             idmap = IdMap(capacity=max(16, x.shape[0]))
             stats: dict = {}
+            if metas is not None or docs is not None:
+                for lo in range(0, x.shape[0], BUILD_PAYLOAD_ROWS):
+                    part = slice(lo, lo + BUILD_PAYLOAD_ROWS)
+                    change = Change(payload=payloads.puts(exts[part], payloads.META, metas and metas[part]))
+                    change.payload.update(payloads.puts(exts[part], payloads.DOC, docs and docs[part]))
+                    store.commit(change, IOClass.BACKGROUND)
             if x.shape[0]:
                 with _Threads(cfg.build_threads):
                     built = build_postings(x, np.arange(x.shape[0], dtype=np.int64), cfg, enabled(progress))
@@ -128,7 +154,15 @@ class Index:
             else:
                 graph = HeadGraph(dim, cfg.graph_degree, cfg.graph_alpha, cfg.graph_entries,
                                   exact_max_heads=cfg.exact_search_max_heads)
-            engine = Engine(path, manifest, store, State(idmap, graph), seq=0, build_stats=stats)
+            state = State(idmap, graph)
+            state.id_type = resolved.kind if x.shape[0] else id_type
+            state.strids.register(resolved.new, 0)
+            if metas is not None or docs is not None:
+                state.has_payload = True
+                if metas is not None:
+                    state.payload.set(np.arange(x.shape[0], dtype=np.int64),
+                                      [None if m is None else decode_metadata(m) for m in metas])
+            engine = Engine(path, manifest, store, state, seq=0, build_stats=stats)
             engine.checkpoints.save()
             if cfg.store != "memory":
                 layout.write(path, manifest)
@@ -144,11 +178,13 @@ class Index:
             raise
 
     @classmethod
-    def create(cls, path: str | os.PathLike, *, dim: int, metric: str = "l2", **config: Any) -> "Index":
-        """Create an empty index of dimension ``dim`` at ``path`` and return it open."""
+    def create(cls, path: str | os.PathLike, *, dim: int, metric: str = "l2", id_type: str | None = None,
+               **config: Any) -> "Index":
+        """Create an empty index of dimension ``dim`` at ``path`` and return it open.
+        ``id_type`` ("int" or "str") fixes the kind of ids; by default the first write does."""
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not 1 <= dim <= layout.MAX_DIM:
             raise validation.DimensionError(f"dim: expected an integer in 1..{layout.MAX_DIM}, got {dim!r}")
-        return cls.build(path, np.zeros((0, int(dim)), np.float32), metric=metric, **config)
+        return cls.build(path, np.zeros((0, int(dim)), np.float32), metric=metric, id_type=id_type, **config)
 
     @classmethod
     def open(cls, path: str | os.PathLike, **runtime: Any) -> "Index":
@@ -170,7 +206,7 @@ class Index:
                      if arrays["head_vectors"].shape[0]
                      else HeadGraph(manifest.dim, cfg.graph_degree, cfg.graph_alpha, cfg.graph_entries,
                                     exact_max_heads=exact))
-            state = State(IdMap.from_arrays(arrays), graph, arrays.get("garbage"))
+            state = State(IdMap.from_arrays(arrays), graph, arrays.get("garbage"), arrays)
             engine = Engine(path, manifest, store, state, seq=seq, build_stats=stats)
             for log_seq, data in store.log_since(seq):
                 if log_seq != engine.seq + 1:
@@ -204,6 +240,12 @@ class Index:
     def path(self) -> str:
         return self._engine.path
 
+    @property
+    def id_type(self) -> str | None:
+        """"int" or "str": the kind of ids the index holds; None while it is empty and was
+        created without ``id_type``."""
+        return self._engine.state.id_type
+
     def __len__(self) -> int:
         return self._engine.state.idmap.n_live
 
@@ -212,10 +254,15 @@ class Index:
         return f"vindex.Index({self.path!r}, dim={self.dim}, metric={self.metric!r}, {state})"
 
     # --- search -------------------------------------------------------------------------------
-    def search(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
-               eps: float | None = None, ef: int | None = None, timeout: float | None = None,
-               tenant: str = "default", interactive: bool | None = None) -> SearchResult:
+    def search(self, queries: Any, k: int = 10, *, filter: Any = None, include: Any = (),
+               max_postings: int | None = None, eps: float | None = None, ef: int | None = None,
+               timeout: float | None = None, tenant: str = "default", interactive: bool | None = None
+               ) -> SearchResult:
         """The ``k`` nearest stored vectors of each query.
+
+        ``filter`` (a dict in the filter language, docs/filters.md) restricts the results to
+        records whose metadata matches it; ``include`` names what to return beside ids and
+        distances: any of "metadata", "documents", "vectors" (see :class:`SearchResult`).
 
         ``queries`` is ``(nq, dim)`` or one ``(dim,)`` query; results are always 2-D.
         ``max_postings`` bounds the postings a query visits, ``eps`` prunes postings whose head
@@ -229,27 +276,65 @@ class Index:
         background would otherwise fall behind).
         """
         q, k, m, e, beam = self._search_args(queries, k, max_postings, eps, ef)
+        f = None if filter is None else compile_filter(filter)
+        include = payloads.check_include(include)
         timeout = None if timeout is None else validation.seconds(timeout, "timeout")
         if interactive is not None and not isinstance(interactive, (bool, np.bool_)):
             raise InvalidInputError(f"interactive: expected True, False or None, got {interactive!r}")
-        if q.shape[0] == 0:
-            return SearchResult(np.zeros((0, k), np.int64), np.zeros((0, k), np.float32),
-                                {"postings": 0, "records_scanned": 0, "postings_dropped": 0})
         eng = self._engine
+        if q.shape[0] == 0:
+            ids = np.zeros((0, k), np.int64)
+            return SearchResult(idkinds.to_user(eng.state, ids), np.zeros((0, k), np.float32),
+                                {"postings": 0, "records_scanned": 0, "postings_dropped": 0},
+                                self._included(ids, include))
         started = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
         # postings this search may still read stay in the store; writers yield to interactive ones
         if interactive is None:
             interactive = q.shape[0] <= SMALL_SEARCH_QUERIES
+        st = eng.state
         with eng.readers.search(interactive=bool(interactive)):
-            ids, dists, work = run_search(q, k, graph=eng.state.graph, idmap=eng.state.idmap,
+            choose = versions = None
+            if f is not None:
+                with eng.readers.reading():
+                    fplan = filtered.plan(st, f)
+
+                def choose(queries: np.ndarray, held: bool) -> tuple[np.ndarray, np.ndarray]:
+                    return filtered.choose_postings(st.graph, queries, self._metric_code, fplan, m, e,
+                                                    self.config, held)
+                versions = fplan.versions_for
+            ids, dists, work = run_search(q, k, graph=st.graph, idmap=st.idmap,
                                           store=eng.store, readers=eng.readers, metric=self._metric_code,
                                           max_postings=m, eps=e, ef=max(beam, m), deadline=deadline,
-                                          tenant=str(tenant))
+                                          tenant=str(tenant), choose=choose, versions=versions)
+        if f is not None:
+            ids, dists = filtered.recheck(st, f, ids, dists)
+            work["filter_matches"] = fplan.matches
         if self.metric == "cosine":
             dists = dists * np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors
         eng.observe_search(time.perf_counter() - started, q.shape[0])
-        return SearchResult(ids, dists, work)
+        return SearchResult(idkinds.to_user(st, ids), dists, work, self._included(ids, include, str(tenant)))
+
+    def _included(self, exts: np.ndarray, include: frozenset[str], tenant: str = "default") -> dict:
+        """What ``include`` asks for, for internal ids ``exts`` of any shape (-1: padding):
+        lists shaped like ``exts`` for metadata and documents, an array for vectors."""
+        out: dict[str, Any] = {}
+        flat = exts.reshape(-1).tolist()
+        shape = exts.shape
+        for name, kind in (("metadata", payloads.META), ("documents", payloads.DOC)):
+            if name in include:
+                values = payloads.read(self._engine.store, flat, kind)
+                out[name] = values if len(shape) == 1 else [values[i:i + shape[1]]
+                                                            for i in range(0, len(values), max(shape[1], 1))]
+        if "vectors" in include:
+            real = np.unique(exts[exts >= 0])
+            vecs, found = self._get_vectors(real, tenant)
+            rows = np.searchsorted(real, exts)
+            have = exts >= 0
+            have[have] = found[rows[have]]
+            out["vectors"] = np.zeros((*shape, self.dim), dtype=np.float32)
+            out["vectors"][have] = vecs[rows[have]]
+        return out
 
     def set_tenant_quota(self, tenant: str, postings_per_s: float | None, burst: float | None = None) -> None:
         """Limit the posting reads of ``tenant``'s searches and gets to ``postings_per_s`` a
@@ -294,31 +379,47 @@ class Index:
         return validation.bounded_rows(v, what=what)
 
     # --- updates ------------------------------------------------------------------------------
-    def upsert(self, ids: Any, vectors: Any) -> None:
-        """Insert ``ids`` or replace their vectors. Returns once the change is durable and
-        visible: a search that starts afterwards never sees a replaced vector."""
-        self._write(ids, vectors, replace=True)
+    def upsert(self, ids: Any, vectors: Any, *, metadata: Any = None, documents: Any = None) -> None:
+        """Insert ``ids`` or replace their records. Returns once the change is durable and
+        visible: a search that starts afterwards never sees a replaced vector.
 
-    def add(self, ids: Any, vectors: Any) -> None:
-        """Insert new ids. Raises :class:`DuplicateIdError` naming ids already in the index;
-        nothing is written then. Ids deleted earlier may be added again."""
-        self._write(ids, vectors, replace=False)
+        ``metadata``: one dict (JSON-compatible: str keys; str, int, float, bool, None, lists
+        of those, nested dicts) or None per row; ``documents``: one str or None per row. They
+        are written atomically with the vectors. An upsert replaces the whole record: a row
+        written without metadata or a document has none afterwards (see :meth:`set_metadata`
+        to change metadata alone)."""
+        self._write(ids, vectors, metadata, documents, replace=True)
 
-    def _write(self, ids: Any, vectors: Any, *, replace: bool) -> None:
+    def add(self, ids: Any, vectors: Any, *, metadata: Any = None, documents: Any = None) -> None:
+        """Insert new ids (as :meth:`upsert`). Raises :class:`IdExistsError` naming ids already
+        in the index; nothing is written then. Ids deleted earlier may be added again."""
+        self._write(ids, vectors, metadata, documents, replace=False)
+
+    def _write(self, ids: Any, vectors: Any, metadata: Any, documents: Any, *, replace: bool) -> None:
         self._check_open()
-        exts = validation.ids(ids)
-        x = self._vectors(vectors, "vectors")
-        validation.same_length(exts, x)
-        if exts.size == 0:
-            return
         eng = self._engine
+        resolved = idkinds.resolve(eng.state.id_type, eng.state.strids, ids)
+        x = self._vectors(vectors, "vectors")
+        validation.same_length(resolved.exts, x)
+        n = len(resolved)
+        metas = payloads.encode_metadata(metadata, n, self.config.max_metadata_bytes)
+        docs = payloads.encode_documents(documents, n, self.config.max_document_bytes)
+        if (metas is not None or docs is not None) and not getattr(eng.store, "supports_payload", False):
+            raise InvalidConfigError(f"metadata and documents need store='rocksdb' (or 'memory'), "
+                                     f"not {self.config.store!r}")
+        if n == 0:
+            return
         started = time.perf_counter()
         with eng.lock:
             self._check_open()
+            if resolved.kind != (eng.state.id_type or resolved.kind):  # another writer fixed the kind first
+                resolved = idkinds.resolve(eng.state.id_type, eng.state.strids, ids)
+            idkinds.plan_new(eng.state.strids, resolved)
+            exts = resolved.exts
             if not replace:
                 live = eng.state.idmap.live_vids(exts) >= 0
                 if live.any():
-                    dup = np.sort(exts[live])
+                    dup = sorted(resolved.user(live))
                     raise IdExistsError(f"ids already in the index: {preview(dup)}", dup)
             old_homes = self._homes_of(exts)
             # the replica search runs on the upsert pool's threads, unless searches are missing
@@ -326,6 +427,8 @@ class Index:
             pool = self._pool if eng.update_pacer.on_target else None
             rec, change, undo = writes.plan_upsert(eng.state, exts, x, self.config, pool,
                                                    self._rebalancer.limbo_pids)
+            writes.attach_ids(rec, eng.state, resolved.kind, resolved.new)
+            writes.attach_payload(rec, change, eng.state, exts, metas, docs)
             try:
                 eng.commit(change, rec, IOClass.UPDATE, graph_done=undo is not None)
             except BaseException:
@@ -339,20 +442,30 @@ class Index:
         eng.acknowledge(seq)
         self._pace_writes(started)
 
-    def delete(self, ids: Any) -> int:
-        """Delete ``ids``; returns how many were live. Unknown or already deleted ids are
-        ignored. Returns once durable: no search that starts afterwards returns them."""
+    def delete(self, ids: Any = None, *, filter: Any = None) -> int:
+        """Delete ``ids``, or every record whose metadata matches ``filter`` (give one of
+        them); returns how many were live. Unknown or already deleted ids are ignored. Returns
+        once durable: no search that starts afterwards returns them."""
         self._check_open()
-        exts = validation.ids(ids)
+        if (ids is None) == (filter is None):
+            raise InvalidInputError("delete: give ids or filter (one of them)")
         eng = self._engine
+        f = None if filter is None else compile_filter(filter)
+        exts = None if f is not None else idkinds.resolve(eng.state.id_type, eng.state.strids, ids).exts
         started = time.perf_counter()
         with eng.lock:
             self._check_open()
-            rec = writes.plan_delete(eng.state, exts)
-            if rec is None:
+            if f is not None:
+                with eng.readers.reading():
+                    vids = np.flatnonzero(filtered.plan(eng.state, f).allowed)
+                exts = eng.state.idmap.vid2ext[vids]
+            exts = exts[exts >= 0]  # str ids never seen
+            planned = writes.plan_delete(eng.state, exts)
+            if planned is None:
                 return 0
+            rec, change = planned
             old_homes = self._homes_of(exts)
-            eng.commit(Change(), rec, IOClass.UPDATE)
+            eng.commit(change, rec, IOClass.UPDATE)
             seq = eng.seq
             self._after_write(np.zeros(0, np.int64), old_homes)
         eng.acknowledge(seq)
@@ -376,17 +489,25 @@ class Index:
         """Queue postings a write pushed over their limit or filled with garbage."""
         self._rebalancer.notify(policy.needing_work(self._engine, written, old_homes))
 
-    def get(self, ids: Any, *, tenant: str = "default") -> tuple[np.ndarray, np.ndarray]:
+    def get(self, ids: Any, *, include: Any = (), tenant: str = "default") -> GetResult:
         """Stored vectors of ``ids``: ``(vectors (n, dim) float32, found (n,) bool)``; rows of
-        ids not found are zero. Cosine indexes store (and return) unit vectors."""
+        ids not found are zero. Cosine indexes store (and return) unit vectors. ``include``:
+        "metadata" and/or "documents" to return as well (``.metadata``, ``.documents``)."""
         self._check_open()
-        exts = validation.ids(ids)
+        include = payloads.check_include(include)
+        exts = idkinds.resolve(self._engine.state.id_type, self._engine.state.strids, ids).exts
+        vectors, found = self._get_vectors(exts, str(tenant))
+        live = np.where(found, exts, -1)
+        return GetResult(vectors, found, self._included(live, include - {"vectors"}))
+
+    def _get_vectors(self, exts: np.ndarray, tenant: str) -> tuple[np.ndarray, np.ndarray]:
+        """``get`` by internal ids (-1: never seen)."""
         for _ in range(GET_RETRIES):
-            out = self._get(exts, str(tenant))
+            out = self._get(exts, tenant)
             if out is not None:
                 return out
         with self._engine.lock:  # the copies moved under us each time: read with writers held off
-            out = self._get(exts, str(tenant))
+            out = self._get(exts, tenant)
         if out is None:
             raise CorruptionError("a live vector is missing from its home posting")
         return out
@@ -395,7 +516,7 @@ class Index:
         eng = self._engine
         idm = eng.state.idmap
         with eng.readers.search(), eng.readers.reading():
-            vids = idm.live_vids(exts)
+            vids = idkinds.live_vids(eng.state, exts)
             found = vids >= 0
             out = np.zeros((exts.shape[0], self.dim), dtype=np.float32)
             if not found.any():
@@ -415,6 +536,83 @@ class Index:
             return None
         out[found] = recs_f[rows, records.HEADER_WORDS:]
         return out, found
+
+    # --- metadata ----------------------------------------------------------------------------
+    def set_metadata(self, ids: Any, metadata: Any, *, merge: bool = True) -> None:
+        """Change the metadata of live ``ids`` without sending their vectors again.
+
+        ``metadata``: one dict per id, or a single dict for all of them. ``merge=True`` sets
+        the given top-level keys and keeps the others; ``merge=False`` replaces the metadata.
+        Raises :class:`UnknownIdError` naming ids that are not live; nothing changes then."""
+        self._check_open()
+        eng = self._engine
+        resolved = idkinds.resolve(eng.state.id_type, eng.state.strids, ids)
+        n = len(resolved)
+        rows = [metadata] * n if isinstance(metadata, dict) else metadata
+        given = payloads.encode_metadata(rows, n, self.config.max_metadata_bytes)
+        if not getattr(eng.store, "supports_payload", False):
+            raise InvalidConfigError(f"metadata needs store='rocksdb' (or 'memory'), not {self.config.store!r}")
+        if n == 0:
+            return
+        started = time.perf_counter()
+        with eng.lock:
+            self._check_open()
+            vids = idkinds.live_vids(eng.state, resolved.exts)
+            if (vids < 0).any():
+                missing = resolved.user(vids < 0)
+                raise UnknownIdError(f"set_metadata: ids not in the index: {preview(missing)}", missing)
+            metas = given
+            if merge:
+                old = payloads.read(eng.store, resolved.exts.tolist(), payloads.META)
+                merged = [{**(o or {}), **decode_metadata(g)} for o, g in zip(old, given)]  # type: ignore[arg-type]
+                metas = payloads.encode_metadata(merged, n, self.config.max_metadata_bytes)
+            rec, change = writes.plan_set_metadata(eng.state, vids, resolved.exts, metas)  # type: ignore[arg-type]
+            eng.commit(change, rec, IOClass.UPDATE)
+            seq = eng.seq
+        eng.acknowledge(seq)
+        self._pace_writes(started)
+
+    def count(self, filter: Any = None) -> int:
+        """Live records, or those whose metadata matches ``filter``."""
+        self._check_open()
+        if filter is None:
+            return len(self)
+        f = compile_filter(filter)
+        with self._engine.readers.reading():
+            return filtered.plan(self._engine.state, f).matches
+
+    def scroll(self, filter: Any = None, *, batch: int = 1000, include: Any = (),
+               cursor: int | None = None) -> Iterator[ScrollPage]:
+        """Every live record (or those matching ``filter``), ``batch`` per page, in a stable
+        order (that of their first insertion). Each page's ``cursor`` resumes the scroll after
+        it (``scroll(..., cursor=page.cursor)``), also in another process."""
+        self._check_open()
+        f = None if filter is None else compile_filter(filter)
+        batch = validation.positive_int(batch, "batch", upper=1_000_000)
+        include = payloads.check_include(include)
+        start = 0 if cursor is None else validation.positive_int(cursor, "cursor", lower=0, upper=1 << 62)
+        return self._pages(f, batch, include, start)
+
+    def _pages(self, f: Filter | None, batch: int, include: frozenset[str], start: int) -> Iterator[ScrollPage]:
+        eng = self._engine
+        while True:
+            self._check_open()
+            with eng.readers.reading():
+                idm = eng.state.idmap
+                n = idm.n_vids
+                if f is None:
+                    live = (idm.versions[start:n] & DELETED) == 0
+                else:
+                    live = filtered.plan(eng.state, f).allowed[start:n]
+                vids = start + np.flatnonzero(live)[:batch]
+                exts = idm.vid2ext[vids]
+            more = vids.shape[0] == batch and bool(live[vids[-1] - start + 1:].any())
+            cursor = int(vids[-1]) + 1 if more else None
+            ids = idkinds.to_user(eng.state, exts)
+            yield ScrollPage(ids.tolist() if ids.dtype == object else ids, cursor, self._included(exts, include))
+            if cursor is None:
+                return
+            start = cursor
 
     # --- maintenance --------------------------------------------------------------------------
     def wait_idle(self, timeout: float | None = None) -> bool:

@@ -6,6 +6,8 @@ many queries want it, and scanned while it is in cache for all of them. Reads go
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from vindex import native
@@ -27,8 +29,9 @@ SELECT_ATTEMPTS = 3
 
 def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store: PostingStore,
            readers: Readers, metric: int, max_postings: int, eps: float, ef: int,
-           io: IOClass = IOClass.INTERACTIVE, deadline: float | None = None, tenant: str = "default"
-           ) -> tuple[np.ndarray, np.ndarray, dict]:
+           io: IOClass = IOClass.INTERACTIVE, deadline: float | None = None, tenant: str = "default",
+           choose: Callable[[np.ndarray, bool], tuple[np.ndarray, np.ndarray]] | None = None,
+           versions: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """Top-``k`` ``(ext ids (nq, k) int64, internal distances (nq, k) float32)``, padded, and
     work counters: postings read (once each per batch), records scanned (summed over
     queries: the distance computations) and postings dropped (reads the I/O scheduler dropped
@@ -38,17 +41,25 @@ def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store
     Heads are chosen before postings are read. If heads appear in between (a split, or new
     heads for an upsert far from every posting) and an upsert writes a vector's new copy there,
     the chosen postings hold only its old, now stale copy and the search would miss it. So a
-    search whose read section sees a newer head generation than its choice starts over."""
+    search whose read section sees a newer head generation than its choice starts over.
+
+    A filtered search (see ``filtered``) passes ``choose(queries, held) -> (head ids,
+    counts)``, the postings to scan instead of the graph's nearest, and ``versions(live
+    version map) -> version map`` that marks the records it must skip as deleted."""
+    if choose is None:
+        def choose(q: np.ndarray, held: bool) -> tuple[np.ndarray, np.ndarray]:
+            head_ids, _, counts = graph.search(q, metric, max_postings, eps, ef, held=held)
+            return head_ids, counts
     for attempt in range(SELECT_ATTEMPTS):
-        out = _search_once(queries, k, graph, idmap, store, readers, metric, max_postings, eps, ef, io,
+        out = _search_once(queries, k, graph, idmap, store, readers, metric, choose, versions, io,
                            deadline, tenant, last=attempt == SELECT_ATTEMPTS - 1)
         if out is not None:
             return out
     raise AssertionError("unreachable: the last attempt always returns")
 
 
-def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings, eps, ef, io, deadline, tenant,
-                 *, last: bool):
+def _search_once(queries, k, graph, idmap, store, readers, metric, choose, versions, io, deadline, tenant, *,
+                 last: bool):
     nq, dim = queries.shape
     heap_d = np.empty((nq, k), dtype=np.float32)
     heap_i = np.empty((nq, k), dtype=np.int64)
@@ -56,7 +67,7 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings,
     generation = graph.generation
     held = nq <= SMALL_SEARCH_QUERIES  # small searches keep the GIL (``native.held``)
     kernels = native.held if held else native.scan
-    head_ids, _, counts = graph.search(queries, metric, max_postings, eps, ef, held=held)
+    head_ids, counts = choose(queries, held)
     pids, q_ptr, q_idx = kernels.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
     postings = scanned = dropped = 0
     for lo in range(0, pids.shape[0], READ_CHUNK):
@@ -70,7 +81,8 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings,
                 dropped += hi - lo
                 continue
             try:  # the map arrays change (in place, too) only under the exclusive side of this section
-                parts = _parts(batch, dim, idmap, kernels)
+                live = idmap.versions if versions is None else versions(idmap.versions)
+                parts = _parts(batch, dim, idmap.vid2ext, live, kernels)
             except BaseException:
                 if batch.in_place is not None:
                     batch.in_place.release()
@@ -91,7 +103,7 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, max_postings,
     return heap_i, heap_d, {"postings": postings, "records_scanned": scanned, "postings_dropped": dropped}
 
 
-def _parts(batch: PostingBatch, dim: int, idmap: IdMap, kernels) -> list[tuple]:
+def _parts(batch: PostingBatch, dim: int, vid2ext: np.ndarray, versions: np.ndarray, kernels) -> list[tuple]:
     """What to scan of one read: ``(records as float32, starts, ends, live ids, the ids'
     starts, positions of these postings in the read or None for all)``: the postings read
     into the buffer, and those the store left where it keeps them."""
@@ -99,14 +111,14 @@ def _parts(batch: PostingBatch, dim: int, idmap: IdMap, kernels) -> list[tuple]:
     starts, ends = batch.offsets[:-1], batch.offsets[1:]
     kept = batch.in_place
     if kept is None:
-        return [(recs_f, starts, ends, kernels.live_ids(recs_u, idmap.versions, idmap.vid2ext), starts, None)]
-    kept_ids = kernels.live_ids_ranges(kept.rows, kept.starts, kept.ends, idmap.versions, idmap.vid2ext)
+        return [(recs_f, starts, ends, kernels.live_ids(recs_u, versions, vid2ext), starts, None)]
+    kept_ids = kernels.live_ids_ranges(kept.rows, kept.starts, kept.ends, versions, vid2ext)
     id_starts = np.zeros(kept.starts.shape[0], dtype=np.int64)
     np.cumsum((kept.ends - kept.starts)[:-1], out=id_starts[1:])
     parts = [(kept.rows.view(np.float32), kept.starts, kept.ends, kept_ids, id_starts, kept.index)]
     if starts.shape[0]:  # (none when every posting was in place: no kernel call, no GIL hand-off)
         rest = np.ones(starts.shape[0] + kept.index.shape[0], dtype=bool)
         rest[kept.index] = False
-        ids = kernels.live_ids(recs_u, idmap.versions, idmap.vid2ext)
+        ids = kernels.live_ids(recs_u, versions, vid2ext)
         parts.append((recs_f, starts, ends, ids, starts, np.flatnonzero(rest)))
     return parts

@@ -14,30 +14,58 @@ A record is a bundle of optional sections (array names share a prefix):
 * ``d_``: delete of live vids ``d_vids``;
 * ``m_``: live copies of ``m_vids`` moved from posting ``m_from`` to ``m_to``;
 * ``r_``: reassignment: ``r_vids`` got copies in new postings, the first is ``r_home``;
-* ``gc_``: postings ``gc_pids`` were rewritten without garbage.
+* ``gc_``: postings ``gc_pids`` were rewritten without garbage;
+* ``s_``: string ids ``s_data``/``s_offsets`` (utf-8, offsets) get the internal ids from
+  ``meta["first_str"]`` on (before the ``u_`` section that uses them);
+* ``u_meta``/``u_meta_off``: the metadata (compact JSON, offsets; an empty slice is none) of
+  the ``u_`` rows, present once the index has metadata; ``p_vids`` get metadata
+  ``p_meta``/``p_meta_off`` (``set_metadata``).
+
+``meta["id_type"]`` ("int" or "str") fixes the kind of ids with the first write, and
+``meta["payload"]`` marks the index as holding metadata or documents from then on.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from . import payloads, strids
 from .errors import CorruptionError
+from .filters import PayloadIndex, decode_metadata
 from .heads import HeadGraph
 from .idmap import DELETED, IdMap
 from .oplog import Record
 
+ID_TYPES = (None, "int", "str")
+
 
 class State:
-    """Id map, heads and graph, and per-posting garbage counts."""
+    """Id map, heads and graph, per-posting garbage counts, and the record-level tables:
+    string ids and the payload index of metadata (for filters)."""
 
-    def __init__(self, idmap: IdMap, graph: HeadGraph, garbage: np.ndarray | None = None):
+    def __init__(self, idmap: IdMap, graph: HeadGraph, garbage: np.ndarray | None = None,
+                 arrays: dict[str, np.ndarray] | None = None):
+        """``arrays``: a checkpoint's, for the string ids, id type and payload index."""
         self.idmap = idmap
         self.graph = graph
         self.garbage = np.zeros(max(graph.capacity, 16), dtype=np.int32)
         if garbage is not None:
             self.garbage[: garbage.shape[0]] = garbage
+        arrays = arrays or {}
+        self.strids = strids.StrIds.from_arrays(arrays)
+        self.id_type: str | None = ID_TYPES[int(arrays["id_type"][0])] if "id_type" in arrays else None
+        self.has_payload = bool(arrays["has_payload"][0]) if "has_payload" in arrays else False
+        has_index = any(k.startswith("pl_") for k in arrays)
+        self.payload = PayloadIndex.from_arrays(arrays) if has_index else PayloadIndex()
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {**self.idmap.arrays(), **self.graph.arrays(), "garbage": self.garbage[: self.graph.n]}
+        out = {**self.idmap.arrays(), **self.graph.arrays(), "garbage": self.garbage[: self.graph.n],
+               "id_type": np.array([ID_TYPES.index(self.id_type)], dtype=np.uint8),
+               "has_payload": np.array([self.has_payload])}
+        if self.id_type == "str":
+            out.update(self.strids.arrays())
+        if self.has_payload:
+            out.update(self.payload.arrays())
+        return out
 
     def _count_garbage(self, vids: np.ndarray) -> None:
         """The live copies of ``vids`` (in their homes) are about to become garbage."""
@@ -64,6 +92,12 @@ class State:
             self.graph.set_state(a["g_pids"], a["g_vectors"], a["g_alive"], a["g_rows"],
                                  a["g_row_values"], a["g_entries"], a.get("g_radius"))
         self._reserve_garbage(self.graph.capacity)
+        if "id_type" in rec.meta:
+            self.id_type = rec.meta["id_type"]
+        if rec.meta.get("payload"):
+            self.has_payload = True
+        if "s_offsets" in a:
+            self.strids.register(strids.decode(a["s_data"], a["s_offsets"]), int(rec.meta["first_str"]))
         if "u_vids" in a:
             vids = a["u_vids"].astype(np.int64)
             first_new = int(rec.meta["first_new_vid"])
@@ -81,6 +115,8 @@ class State:
                 idm.allocate(np.ascontiguousarray(a["u_exts"][new], dtype=np.int64))
             idm.set_versions(old, a["u_versions"][~new])
             idm.home[vids] = a["u_home"]
+            if "u_meta_off" in a:
+                self._set_metadata(vids, a["u_meta"], a["u_meta_off"])
         if "d_vids" in a:
             vids = a["d_vids"].astype(np.int64)
             self._count_garbage(vids)
@@ -93,3 +129,9 @@ class State:
             idm.home[a["r_vids"].astype(np.int64)] = a["r_home"]
         if "gc_pids" in a:
             self.garbage[a["gc_pids"].astype(np.int64)] = 0
+        if "p_vids" in a:
+            self._set_metadata(a["p_vids"].astype(np.int64), a["p_meta"], a["p_meta_off"])
+
+    def _set_metadata(self, vids: np.ndarray, data: np.ndarray, offsets: np.ndarray) -> None:
+        metas = [None if b is None else decode_metadata(b) for b in payloads.unpack(data, offsets)]
+        self.payload.set(vids, metas)

@@ -94,12 +94,12 @@ def same_length(id_arr: np.ndarray, vec_arr: np.ndarray) -> None:
             f"expected as many ids as vectors, got {id_arr.shape[0]} ids and {vec_arr.shape[0]} vectors")
 
 
-def positive_int(value: Any, name: str, *, upper: int) -> int:
+def positive_int(value: Any, name: str, *, upper: int, lower: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidKError(f"{name}: expected an integer in 1..{upper}, got {value!r}")
+        raise InvalidKError(f"{name}: expected an integer in {lower}..{upper}, got {value!r}")
     value = int(value)
-    if not 1 <= value <= upper:
-        raise InvalidKError(f"{name}: expected an integer in 1..{upper}, got {value}")
+    if not lower <= value <= upper:
+        raise InvalidKError(f"{name}: expected an integer in {lower}..{upper}, got {value}")
     return value
 
 

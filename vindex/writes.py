@@ -13,7 +13,7 @@ import numpy as np
 
 from vindex import native
 
-from . import oplog
+from . import oplog, payloads, strids
 from .build import build_postings
 from .config import IndexConfig
 from .idmap import DELETED, VERSION_MASK
@@ -187,14 +187,51 @@ def _near_new_heads(x: np.ndarray, cents: np.ndarray, d1: np.ndarray, eps: float
     return (d <= limit * (1 + 1e-3) + 1e-6 * np.abs(d).max(initial=0.0)) | (d1 == 0)
 
 
-def plan_delete(state: State, exts: np.ndarray) -> oplog.Record | None:
-    """Delete the live ones among ``exts``; None when none is live."""
+def plan_delete(state: State, exts: np.ndarray) -> tuple[oplog.Record, Change] | None:
+    """Delete the live ones among ``exts`` (and their metadata and documents); None when none
+    is live."""
     vids = state.idmap.live_vids(exts)
     vids = vids[vids >= 0]
     if vids.size == 0:
         return None
-    return oplog.Record("delete", {"d_vids": vids})
+    change = Change()
+    if state.has_payload:
+        gone = state.idmap.vid2ext[vids]
+        change.payload.update(payloads.puts(gone, payloads.META, None))
+        change.payload.update(payloads.puts(gone, payloads.DOC, None))
+    return oplog.Record("delete", {"d_vids": vids}), change
 
 
 def is_live(state: State, vids: np.ndarray) -> np.ndarray:
     return (state.idmap.versions[vids] & DELETED) == 0
+
+
+def attach_ids(rec: oplog.Record, state: State, id_type: str, new_strs: list[str]) -> None:
+    """Add a write's new string ids (and, with the index's first write, its id type)."""
+    if state.id_type is None:
+        rec.meta["id_type"] = id_type
+    if new_strs:
+        rec.arrays["s_data"], rec.arrays["s_offsets"] = strids.encode(new_strs)
+        rec.meta["first_str"] = len(state.strids)
+
+
+def attach_payload(rec: oplog.Record, change: Change, state: State, exts: np.ndarray,
+                   metas: list[bytes | None] | None, docs: list[bytes | None] | None) -> None:
+    """Add an upsert's metadata and documents to its record and change. An upsert replaces the
+    whole record: once the index holds any, rows written without them lose theirs."""
+    given = metas is not None or docs is not None
+    if not (given or state.has_payload):
+        return
+    rec.arrays["u_meta"], rec.arrays["u_meta_off"] = payloads.pack(metas or [None] * exts.shape[0])
+    change.payload.update(payloads.puts(exts, payloads.META, metas))
+    change.payload.update(payloads.puts(exts, payloads.DOC, docs))
+    if given:
+        rec.meta["payload"] = True
+
+
+def plan_set_metadata(state: State, vids: np.ndarray, exts: np.ndarray, metas: list[bytes]
+                      ) -> tuple[oplog.Record, Change]:
+    """Give live ``vids`` (ids ``exts``) new metadata (compact JSON each)."""
+    data, offsets = payloads.pack(metas)
+    rec = oplog.Record("metadata", {"p_vids": vids, "p_meta": data, "p_meta_off": offsets}, {"payload": True})
+    return rec, Change(payload=payloads.puts(exts, payloads.META, metas))

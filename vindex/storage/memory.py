@@ -21,7 +21,14 @@ class MemoryStore:
         self._log: list[tuple[int, bytes]] = []
         self._seq = 0
         self._lock = threading.Lock()
+        self._payload: dict[bytes, bytes] = {}
         self.reads = 0
+
+    supports_payload = True
+
+    def read_payload(self, keys: list[bytes]) -> list[bytes | None]:
+        with self._lock:
+            return [self._payload.get(k) for k in keys]
 
     def read(self, pids: np.ndarray, io: IOClass, *, deadline: float | None = None,
              tenant: str = "default", in_place: bool = False) -> PostingBatch:
@@ -49,6 +56,11 @@ class MemoryStore:
                 self._chunks.setdefault(pid, []).append(data)
                 self._lengths.ensure(pid)
                 self._lengths[pid] += len(data) // self.record_size
+            for key, value in change.payload.items():
+                if value is None:
+                    self._payload.pop(key, None)
+                else:
+                    self._payload[key] = value
             if change.log is None:
                 return 0
             self._seq += 1

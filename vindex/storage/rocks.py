@@ -63,7 +63,7 @@ from .directory import Lengths
 from .diskfull import NO_SPACE_ERRNOS, HandleGate, free_bytes, no_space_errno, wal_bytes
 from .kept import GEN, INITIAL_BYTES, ROWS, SEQ, SPAN, START, KeptPostings
 
-_CFS = ("postings", "pdir", "log")
+_CFS = ("postings", "pdir", "log", "payload")
 _PDIR = struct.Struct(">III")  # posting directory value: (chunks, records, first chunk)
 _PDIR_V1 = struct.Struct(">II")  # (chunks, records) of stores written before ``first``
 _PID = struct.Struct(">I")   # posting directory key
@@ -198,7 +198,9 @@ def _options(cache: Cache, create: bool, io_scheduler: str) -> tuple[Options, di
     directory = Options(raw_mode=True)
     directory.set_block_based_table_factory(table)
     directory.set_memtable_factory(MemtableFactory.vector())
-    return base, {"postings": postings, "pdir": directory, "log": small}
+    payload = Options(raw_mode=True)  # metadata and documents: JSON and text compress well
+    payload.set_block_based_table_factory(table)
+    return base, {"postings": postings, "pdir": directory, "log": small, "payload": payload}
 
 
 def _uncached_reads() -> ReadOptions:
@@ -702,6 +704,11 @@ class RocksStore:
             for pid, (first, chunks, records) in new_dir.items():
                 if chunks:
                     batch.put(pack_pid(pid), pack_dir(chunks, records, first), cf["pdir"])
+            for key, value in change.payload.items():
+                if value is None:
+                    batch.delete(key, cf["payload"])
+                else:
+                    batch.put(key, value, cf["payload"])
             seq = 0
             if change.log is not None:
                 seq = self._seq + 1
@@ -777,6 +784,15 @@ class RocksStore:
         self._db.flush()
         self._cf["postings"].flush()
         self._cf["pdir"].flush()
+
+    supports_payload = True
+
+    def read_payload(self, keys: list[bytes]) -> list[bytes | None]:
+        """Values of payload ``keys`` (None where a key has none)."""
+        if not keys:
+            return []
+        with self._gate, _errors(self.path, "reading metadata and documents"):
+            return self._cf["payload"][keys]
 
     def lengths(self) -> np.ndarray:
         return self._lengths.array()
