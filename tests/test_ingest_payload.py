@@ -14,6 +14,10 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
+import test_service_payload  # noqa: E402
+from vindex.service import cli  # noqa: E402
+from vindex.service.client import Collection  # noqa: E402
+from vindex.service.ingest import progress_path  # noqa: E402
 from vindex.service.recordfiles import RecordError, open_records  # noqa: E402
 
 DIM = 8
@@ -153,3 +157,74 @@ def test_parquet_errors(tmp_path):
         list(open_records(path).batches(0, 10))
     with pytest.raises(ValueError, match=r"expected a .parquet, .jsonl or .ndjson record file"):
         open_records(str(tmp_path / "x.csv"))
+
+
+# --- vindex ingest against a server (the in-process server fixtures of test_service_payload) -------
+served, client = test_service_payload.served, test_service_payload.client
+
+
+def ingest(capsys, served, *args: str) -> tuple[int, str]:
+    capsys.readouterr()
+    rc = cli.main(["ingest", *args, "--quiet", "--server", served.target])
+    return rc, capsys.readouterr().err
+
+
+def stored(col, records: list[dict]) -> None:
+    """The collection holds exactly ``records``."""
+    ids = [r["id"] for r in records]
+    got = col.get(ids, include=["metadata", "documents"])
+    x, found = got
+    assert found.all() and len(col) == len(records)
+    np.testing.assert_array_equal(x, np.array([r["vector"] for r in records], np.float32))
+    assert got.metadata == [r.get("metadata") for r in records]
+    assert got.documents == [r.get("document") for r in records]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_ingest_records_and_resume_after_a_stop(tmp_path, capsys, served, client, monkeypatch, kind):
+    records = rows(str_ids=kind == "jsonl", seed=4)
+    path = (write_parquet(tmp_path / "r.parquet", records) if kind == "parquet"
+            else write_jsonl(tmp_path / "r.jsonl", records, blank_every=10))
+    name = f"ing-{kind}"
+    stream = Collection.upsert_stream
+    sent: list[int] = []
+
+    def stopped_after_two(self, batches):  # Ctrl-C once two chunks are acknowledged
+        for n, ack in enumerate(stream(self, batches)):
+            yield ack
+            if n == 1:
+                raise KeyboardInterrupt
+
+    def counted(self, batches):
+        return stream(self, (sent.append(len(b[0])) or b for b in batches))
+
+    monkeypatch.setattr(Collection, "upsert_stream", stopped_after_two)
+    rc, _ = ingest(capsys, served, path, "--collection", name, "--batch", "8")
+    assert rc == 130
+    assert json.load(open(progress_path(path, name)))["rows_done"] == 16
+    col = client.collection(name)
+    assert col.id_type == ("str" if kind == "jsonl" else "int") and len(col) >= 16  # chunks in flight may land
+
+    monkeypatch.setattr(Collection, "upsert_stream", counted)
+    rc, err = ingest(capsys, served, name, path, "--batch", "8")  # the NAME FILE form
+    assert rc == 0 and "resuming at row 16 of 50" in err and "ingested rows 16..50" in err, err
+    assert sum(sent) == N - 16  # the acknowledged rows were not sent again
+    stored(col, records)
+    rc, err = ingest(capsys, served, path, "--collection", name)
+    assert rc == 0 and "nothing to ingest" in err
+
+
+def test_ingest_limit_and_bad_files(tmp_path, capsys, served, client):
+    records = rows(seed=5)
+    path = write_jsonl(tmp_path / "lim.jsonl", records)
+    rc, err = ingest(capsys, served, path, "--collection", "ing-limit", "--limit", "20", "--batch", "6")
+    assert rc == 0 and "ingested rows 0..20" in err
+    stored(client.collection("ing-limit"), records[:20])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "vector": [1, 2]}\n{"id": "b", "vector": [1]}\n')
+    rc, err = ingest(capsys, served, str(bad), "--collection", "ing-bad")
+    assert rc == 2 and "row 1: vector has 1 values, expected 2 like row 0" in err
+    with pytest.raises(SystemExit, match="--id-offset and --key are for vector files"):
+        ingest(capsys, served, path, "--collection", "ing-x", "--id-offset", "5")
+    with pytest.raises(SystemExit, match="NAME FILE, or FILE --collection NAME"):
+        ingest(capsys, served, path)
