@@ -157,12 +157,17 @@ class Collection:
         return search_result(self._stub_call("Search", req, timeout), include)
 
     # --- updates --------------------------------------------------------------------------
+    def _records(self, ids: Any, vectors: Any) -> tuple[dict, list, np.ndarray]:
+        """Request id fields, the ids as a list, and the vectors, checked as the library checks them."""
+        fields, x = id_fields(ids), self._rows(vectors, "vectors")
+        i = next(iter(fields.values()))
+        validation.same_length(np.empty(len(i)), x)
+        return fields, i, x
+
     def _request(self, ids: Any, vectors: Any, add_only: bool, metadata: Any = None,
                  documents: Any = None) -> pb.UpsertRequest:
-        fields, x = id_fields(ids), self._rows(vectors, "vectors")
-        n = len(next(iter(fields.values())))
-        if n != x.shape[0]:
-            raise errors.LengthMismatchError(f"ids and vectors: {n} ids but {x.shape[0]} vectors")
+        fields, i, x = self._records(ids, vectors)
+        n = len(i)
         req = pb.UpsertRequest(collection=self.name, vectors=x.tobytes(), dim=x.shape[1], add_only=add_only,
                                **fields)
         encode_rows(req, _rows_of(metadata, n, "metadata", dict), _rows_of(documents, n, "documents", str))
@@ -205,10 +210,7 @@ class Collection:
     def upsert_many(self, ids: Any, vectors: Any, chunk: int = STREAM_CHUNK, *, metadata: Any = None,
                     documents: Any = None) -> int:
         """Upsert a large array through one stream in ``chunk``-row messages; returns rows stored."""
-        fields, x = id_fields(ids), self._rows(vectors, "vectors")
-        i = next(iter(fields.values()))
-        if len(i) != x.shape[0]:
-            raise errors.LengthMismatchError(f"ids and vectors: {len(i)} ids but {x.shape[0]} vectors")
+        _, i, x = self._records(ids, vectors)
         meta, docs = _rows_of(metadata, len(i), "metadata", dict), _rows_of(documents, len(i), "documents", str)
 
         def part(rows: list | None, lo: int) -> list | None:

@@ -170,7 +170,7 @@ def collection_info(name: str, index: vindex.Index) -> pb.CollectionInfo:
 
 #: Scroll page size when a request leaves ``batch`` 0 (the library's default).
 SCROLL_BATCH = 1000
-#: Room left in a response for everything but its records.
+#: Room for the vectors of a Get response (the rest of the 64 MiB is for everything else).
 RESPONSE_BYTES = MESSAGE_BYTES - (1 << 20)
 
 
@@ -212,7 +212,7 @@ def encode_included(message: Any, result: Any, include: tuple[str, ...], lo: int
 def check_response_size(message: Any, what: str) -> Any:
     """``message``, or ``RequestTooLargeError`` when it would not fit in a response."""
     size = message.ByteSize()
-    if size > RESPONSE_BYTES:
+    if size > MESSAGE_BYTES:
         raise RequestTooLargeError(f"{what}: the response would take {size} bytes, over the 64 MiB limit; "
                                    f"ask for fewer records or include less")
     return message
