@@ -503,11 +503,10 @@ def _page_cursor(token: str) -> int | None:
     """The library cursor a Scroll ``page_token`` carries (None for the first page)."""
     if not token:
         return None
-    try:
+    if token.isascii() and token.isdigit() and len(token) <= 19 and int(token) < 2**63:
         return int(token)
-    except ValueError:
-        raise errors.InvalidInputError(f"page_token: expected the next_page_token of a previous Scroll "
-                                       f"response, got {token[:64]!r}") from None
+    raise errors.InvalidInputError(f"page_token: expected the next_page_token of a previous Scroll "
+                                   f"response, got {token[:64]!r}")
 
 
 # --- server lifecycle ---------------------------------------------------------------------------
