@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from vindex.results import GetResult, ScrollPage, SearchResult
+from vindex import results
 
 from .payloads import decode_rows
 
@@ -38,7 +38,7 @@ def _included(message: Any, include: list[str], rows: int) -> dict:
     return out
 
 
-def search_result(res: Any, include: list[str]) -> SearchResult:
+def search_result(res: Any, include: list[str]) -> Any:
     nq, k = res.nq, res.k
     ids = _ids(res, (nq, k))
     dists = np.array(res.distances, dtype=np.float32).reshape(nq, k)
@@ -49,17 +49,17 @@ def search_result(res: Any, include: list[str]) -> SearchResult:
                  if name != "vectors"}
     if "vectors" in fields:
         per_query["vectors"] = fields["vectors"].reshape(nq, k, -1)
-    return SearchResult(ids, dists, stats, **per_query)
+    return results.SearchResult(ids, dists, stats, **per_query)
 
 
-def get_result(res: Any, include: list[str]) -> GetResult:
+def get_result(res: Any, include: list[str]) -> Any:
     x = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, res.dim).astype(np.float32)
     found = np.array(res.found, dtype=bool)
     fields = _included(res, [f for f in include if f != "vectors"], len(found))
-    return GetResult(x, found, **fields)
+    return results.GetResult(x, found, **fields)
 
 
-def scroll_pages(fetch: Callable[[str], Any], include: list[str], token: str = "") -> Iterator[ScrollPage]:
+def scroll_pages(fetch: Callable[[str], Any], include: list[str], token: str = "") -> Iterator[Any]:
     """Pages from ``fetch(page_token)`` until one has no next page token."""
     while True:
         res = fetch(token)
@@ -70,6 +70,6 @@ def scroll_pages(fetch: Callable[[str], Any], include: list[str], token: str = "
         if n == 0 and not res.next_page_token:
             return
         token = res.next_page_token
-        yield ScrollPage(ids, int(token) if token else None, **_included(res, include, n))
+        yield results.ScrollPage(ids, int(token) if token else None, **_included(res, include, n))
         if not token:
             return
