@@ -10,7 +10,11 @@ raw channel (bytes in, bytes out):
 * structured requests of every RPC, valid or with defects: wrong, zero and 2^32-1 dimensions,
   byte strings that are not whole rows, NaN/Inf and random bit patterns as floats, k of 0 and
   above the limit, out-of-range search parameters, empty, duplicate, 2^63+ and too many ids,
-  unknown collections, bad names, bad metrics, bad and hostile ``config_json``;
+  unknown collections, bad names, bad metrics, bad and hostile ``config_json``; filters valid
+  and not (unknown operators, empty ``$and``, 300 nested ``$not``) on Search, Count, Scroll and
+  Delete (a delete's valid filters name keys never written, so they delete nothing), ``include``
+  with unknown names, Scroll page tokens that no Scroll returned, SetMetadata with metadata
+  counts that do not match and metadata over its size limit;
 * random bytes, and serialised requests with flipped bits, truncated, spliced or carrying
   invalid UTF-8, sent to any method;
 * ``UpsertStream`` calls mixing valid chunks with bad ones and garbage;
@@ -340,7 +344,31 @@ class Gen:
                 config_json=self.config_json(), if_not_exists=self.chance(0.5))
         if method in ("Get", "Delete"):
             name = self.name("read" if method == "Get" else "write")
-            return self.request_types[method](collection=name, ids=self.ids(name)[0])
+            req = self.request_types[method](collection=name, ids=self.ids(name)[0])
+            if method == "Get" and self.chance(0.3):
+                req.include.extend(self.include())
+            if method == "Delete" and self.chance(0.2):
+                self.set_filter(req, deletes=True)
+            return req
+        if method == "Count":
+            req = pb.CountRequest(collection=self.name("read"))
+            if self.chance(0.8):
+                self.set_filter(req)
+            return req
+        if method == "Scroll":
+            req = pb.ScrollRequest(collection=self.name("read"), include=self.include(),
+                                   batch=int(self.pick([0, 1, 7, 1000, LIMITS["max_rows"] + 1, 2**32 - 1])),
+                                   page_token=self.pick(["", "", "0", "5", "-1", "x", "9" * 25, "\u0663"]))
+            if self.chance(0.5):
+                self.set_filter(req)
+            return req
+        if method == "SetMetadata":
+            name = self.name("write")
+            ids = self.ids(name)[0]
+            req = pb.SetMetadataRequest(collection=name, ids=ids, replace=self.chance(0.3))
+            for _ in range(int(self.pick([1, 1, len(ids), len(ids), 0, len(ids) + 1]))):
+                req.metadata.add().update(self.metadata())
+            return req
         if method == "Upsert":
             name = self.name("write")
             dim = self.dim_of(name)
@@ -369,7 +397,41 @@ class Gen:
             req.ef = int(self.pick([1, 8, 65536, 65537, 2**32 - 1]))
         if self.chance(0.3):
             req.eps = float(self.pick([0.0, 0.5, 10.0, float("inf"), float("nan"), -1.0, float("-inf"), 3e38]))
+        if self.chance(0.2):
+            self.set_filter(req)
+        if self.chance(0.2):
+            req.include.extend(self.include())
         return req
+
+    # metadata, filters and include (the fuzz writes metadata keys m*, never the fz* its filters name)
+    def metadata(self) -> dict:
+        meta: dict[str, Any] = {"m": int(self.rng.integers(-5, 5)), "ms": self.random_text()}
+        if self.chance(0.3):
+            meta["ml"] = [1, "a", None, 2.5, True, {"x": [1]}]
+        if self.chance(0.05):
+            meta["mbig"] = "x" * (65 * 1024)  # over max_metadata_bytes
+        if self.chance(0.05):
+            meta["mnum"] = self.pick([float("nan"), float("inf"), 1e300, -0.0, 2.0**63])
+        return meta
+
+    def include(self) -> list[str]:
+        names = ["metadata", "documents", "vectors", "bogus", "", "Metadata"]
+        return [self.pick(names) for _ in range(int(self.pick([0, 1, 1, 2, 3])))]
+
+    def set_filter(self, req: Any, deletes: bool = False) -> None:
+        """A valid filter (for a delete one that matches nothing: fz* keys are never written) or
+        a bad one."""
+        good = [{"fz": 1}, {"fz": {"$in": [1, "a", None]}}, {"fz.a.b": {"$gte": "k", "$lt": 3}},
+                {"$or": [{"fz": {"$gt": 2}}, {"fz2": {"$exists": True}}]}, {"fz": [1, 2]}, {"fz": None}]
+        if not deletes:
+            good += [{}, {"m": {"$gte": 0}}, {"$not": {"m": 1}}, {"ms": {"$nin": ["a"]}}, {"ml": "a"},
+                     {"m": {"$exists": False}}, {"$and": [{"m": {"$lt": 3}}, {"ml.x": 1}]}]
+        bad = [{"fz": {"$regex": "a"}}, {"$and": []}, {"": 1}, {"fz": {"$in": 3}}, {"$or": {"a": 1}},
+               {"fz": {"$gt": [1]}}, {"fz": {"$eq": {"a": 1}}}, {"$nor": [{"a": 1}]}, {"fz": {"$exists": 1}}]
+        nested: dict[str, Any] = {"fz": 1}
+        for _ in range(int(self.rng.integers(1, 300))):
+            nested = {"$not": nested}
+        req.filter.update(self.pick(good) if self.chance(0.6) else self.pick(bad + [nested]))
 
     def mutate(self, raw: bytes) -> bytes:
         buf = bytearray(raw)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Executor
-from typing import Callable, Hashable
+from typing import Callable, Hashable, NamedTuple
 
 import numpy as np
 
@@ -21,6 +21,14 @@ from vindex.results import SearchResult
 
 #: Queries per coalesced call at most.
 MAX_BATCH_ROWS = 256
+
+
+class Rows(NamedTuple):
+    """A caller's queries are rows ``lo:hi`` of ``result``."""
+
+    result: SearchResult
+    lo: int
+    hi: int
 
 
 class SearchBatcher:
@@ -31,8 +39,9 @@ class SearchBatcher:
         self._running: dict[Hashable, int] = {}
 
     async def search(self, key: Hashable, run: Callable[[np.ndarray, float | None], SearchResult],
-                     queries: np.ndarray, deadline: float | None = None) -> SearchResult:
-        """Run ``run(queries, deadline)``, possibly as part of a larger call for the same ``key``.
+                     queries: np.ndarray, deadline: float | None = None) -> Rows:
+        """Run ``run(queries, deadline)``, possibly as part of a larger call for the same ``key``;
+        ``queries``' results are the returned rows of that call's result.
 
         ``run`` must give each query row the result it would get alone (``Index.search`` does),
         and ``queries`` must already be valid: one bad row would fail the whole batch.
@@ -72,7 +81,7 @@ class SearchBatcher:
                 for q, f, _ in batch:
                     hi = lo + q.shape[0]
                     if not f.done():
-                        f.set_result(SearchResult(res.ids[lo:hi], res.distances[lo:hi], res.stats))
+                        f.set_result(Rows(res, lo, hi))
                     lo = hi
         finally:
             self._running[key] -= 1

@@ -3,7 +3,8 @@
     vindex serve  [--data DIR] [--host H] [--port P] [--sample wiki]   run the gRPC server
                   [--tenants FILE] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
     vindex create NAME --dim D [--metric cosine] [--set key=value ...]  create a collection
-    vindex ingest NAME FILE [--batch N]       stream a vector file in (resumable, with progress)
+    vindex ingest NAME FILE [--batch N]       stream a vector or record file in (resumable, with progress)
+    vindex ingest FILE --collection NAME      the same; FILE .parquet/.jsonl: ids, vectors, metadata, documents
     vindex query  NAME (--id ID | --file F)   nearest neighbours of a stored id or of file rows
     vindex stats  NAME | list | drop NAME     inspect and manage collections
     vindex demo                               the library alone: build and query a bundled set
@@ -105,10 +106,25 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from .ingest import ingest_file
+    from .ingest import ingest_file, ingest_records
+    from .recordfiles import is_record_file
 
+    if args.collection is not None:
+        if len(args.paths) != 1:
+            raise SystemExit(f"vindex ingest: with --collection give one FILE, got {args.paths}")
+        name, file = args.collection, args.paths[0]
+    elif len(args.paths) == 2:
+        name, file = args.paths
+    else:
+        raise SystemExit("vindex ingest: expected NAME FILE, or FILE --collection NAME")
     with _client(args) as client:
-        return ingest_file(client, args.name, args.file, batch=args.batch, id_offset=args.id_offset,
+        if is_record_file(file):
+            if args.id_offset or args.key != "train":
+                raise SystemExit("vindex ingest: --id-offset and --key are for vector files; a record file "
+                                 "carries its own ids")
+            return ingest_records(client, name, file, batch=args.batch, metric=args.metric, limit=args.limit,
+                                  restart=args.restart, progress=not args.quiet)
+        return ingest_file(client, name, file, batch=args.batch, id_offset=args.id_offset,
                            metric=args.metric, key=args.key, limit=args.limit, restart=args.restart,
                            progress=not args.quiet)
 
@@ -252,11 +268,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--exist-ok", action="store_true")
     c.set_defaults(func=cmd_create)
 
-    i = client_parser("ingest", "upsert the vectors of a file (.npy .fvecs .bvecs .fbin .u8bin .hdf5)")
-    i.add_argument("name")
-    i.add_argument("file")
+    i = client_parser("ingest", "upsert the vectors of a file (.npy .fvecs .bvecs .fbin .u8bin .hdf5), or the "
+                                "records of a .parquet / .jsonl file (id, vector, metadata, document)")
+    i.add_argument("paths", nargs="+", metavar="NAME FILE", help="collection and file; or only FILE with --collection")
+    i.add_argument("--collection", help="the collection to ingest into (instead of NAME)")
     i.add_argument("--batch", type=int, default=2048, help="rows per acknowledged chunk")
-    i.add_argument("--id-offset", type=int, default=0, help="row r gets id r + offset")
+    i.add_argument("--id-offset", type=int, default=0, help="vector files: row r gets id r + offset")
     i.add_argument("--metric", default="l2", choices=["l2", "ip", "cosine"],
                    help="metric if the collection has to be created")
     i.add_argument("--key", default="train", help="array name in an .hdf5 file")

@@ -4,8 +4,9 @@
 
     client = vindex.Client("127.0.0.1:50051")
     col = client.create_collection("docs", dim=384, metric="cosine")
-    col.upsert(ids, vectors)
+    col.upsert(ids, vectors, metadata=[{"source": "a.pdf", "page": 3}, ...], documents=texts)
     ids, dists = col.search(queries, k=10)
+    res = col.search(queries, k=10, filter={"source": "a.pdf"}, include=["metadata", "documents"])
 
 A :class:`Collection` has the names, arguments, return types and exceptions of
 :class:`vindex.Index`, so a pipeline moves between embedded and remote by changing the line that
@@ -24,12 +25,14 @@ from typing import Any, Iterable, Iterator
 import grpc
 import numpy as np
 
-from vindex import validation
+from vindex import errors, validation
 from vindex.results import SearchResult
 from vindex.validation import check_eps
 
 from . import vindex_pb2 as pb
 from . import vindex_pb2_grpc as pb_grpc
+from .payloads import encode_rows, to_struct
+from .remote_results import get_result, scroll_pages, search_result
 from .server import grpc_options
 from .status import to_exception
 
@@ -44,6 +47,50 @@ def _call(fn: Any, request: Any, timeout: float | None) -> Any:
         raise to_exception(e) from None
 
 
+def id_fields(ids: Any, what: str = "ids") -> dict:
+    """``ids`` as request fields: ``{"str_ids": [...]}`` for str ids, else ``{"ids": [...]}``."""
+    if isinstance(ids, str):
+        raise errors.InvalidIdError(f"{what}: expected a sequence of ids, got one str {ids[:64]!r}; "
+                                    f"pass [{ids[:64]!r}]")
+    items = ids.tolist() if isinstance(ids, np.ndarray) and ids.dtype.kind in "UO" else \
+        ids if isinstance(ids, (list, tuple)) else None
+    if items and any(isinstance(i, str) for i in items):
+        if not all(isinstance(i, str) for i in items):
+            raise errors.InvalidIdError(f"{what}: mixes str and other ids; a collection holds one kind")
+        return {"str_ids": list(items)}
+    return {"ids": validation.ids(ids, what=what).tolist()}
+
+
+def filter_struct(where: Any) -> Any:
+    """A filter dict as a ``Struct``; a filter that is not a JSON object raises ``FilterError``."""
+    if not isinstance(where, dict):
+        raise errors.FilterError(f"filter: expected a dict, got {type(where).__name__}")
+    try:
+        return to_struct(where, "filter")
+    except errors.InvalidInputError as e:
+        raise errors.FilterError(str(e)) from None
+
+
+def include_names(include: Any) -> list[str]:
+    """``include`` as a list of names (one str is one name)."""
+    return [include] if isinstance(include, str) else list(include)
+
+
+def _rows_of(values: Any, n: int, what: str, kind: type) -> list | None:
+    """Per-row ``values`` (None: no row has one), checked: one ``kind`` or None per row."""
+    if values is None:
+        return None
+    if isinstance(values, (str, dict)) or not isinstance(values, (list, tuple)):
+        raise errors.InvalidInputError(f"{what}: expected a list with one {kind.__name__} (or None) per row, "
+                                       f"got {type(values).__name__}")
+    if len(values) != n:
+        raise errors.LengthMismatchError(f"{what}: {len(values)} entries for {n} ids; expected one per row")
+    for i, v in enumerate(values):
+        if v is not None and not isinstance(v, kind):
+            raise errors.InvalidInputError(f"{what}[{i}]: expected a {kind.__name__} or None, got {type(v).__name__}")
+    return list(values)
+
+
 class Collection:
     """One collection on the server, with the :class:`vindex.Index` API."""
 
@@ -51,6 +98,14 @@ class Collection:
         self._client, self.name = client, name
         self._dim, self._metric = int(info.dim), info.metric
         self._config = json.loads(info.config_json) if info.config_json else {}
+        self._id_type = info.id_type or None
+
+    @property
+    def id_type(self) -> str | None:
+        """"int" or "str"; None while the collection is empty and its first write has not fixed it."""
+        if self._id_type is None:
+            self._id_type = self._client._describe(self.name).id_type or None
+        return self._id_type
 
     @property
     def dim(self) -> int:
@@ -79,53 +134,67 @@ class Collection:
         return _call(getattr(self._client._stub, method), request, timeout if timeout is not None else self._client.timeout)
 
     # --- search ---------------------------------------------------------------------------
-    def search(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
-               eps: float | None = None, ef: int | None = None, timeout: float | None = None) -> SearchResult:
-        """The ``k`` nearest stored vectors of each query; see :meth:`vindex.Index.search`.
+    def search(self, queries: Any, k: int = 10, *, filter: dict | None = None, include: Any = (),
+               max_postings: int | None = None, eps: float | None = None, ef: int | None = None,
+               timeout: float | None = None) -> SearchResult:
+        """The ``k`` nearest stored vectors of each query (among the records matching
+        ``filter``), with the ``include``d fields; see :meth:`vindex.Index.search`.
         ``timeout`` is the call's gRPC deadline (default: the client's); reads the server
         still has queued just before it are dropped and the result is ``partial``."""
         k = validation.k(k)
         timeout = None if timeout is None else validation.seconds(timeout, "timeout")
         q = self._rows(queries, "queries")
+        include = include_names(include)
         req = pb.SearchRequest(collection=self.name, queries=q.tobytes(), dim=q.shape[1], nq=q.shape[0], k=k,
                                max_postings=0 if max_postings is None else validation.positive_int(
                                    max_postings, "max_postings", upper=4096),
-                               ef=0 if ef is None else validation.positive_int(ef, "ef", upper=65536))
+                               ef=0 if ef is None else validation.positive_int(ef, "ef", upper=65536),
+                               include=include)
         if eps is not None:
             req.eps = check_eps(eps)
-        res = self._stub_call("Search", req, timeout)
-        ids = np.array(res.ids, dtype=np.int64).reshape(res.nq, res.k)
-        dists = np.array(res.distances, dtype=np.float32).reshape(res.nq, res.k)
-        return SearchResult(ids, dists, {"postings": res.postings, "records_scanned": res.records_scanned,
-                                         "postings_dropped": res.postings_dropped})
+        if filter is not None:
+            req.filter.CopyFrom(filter_struct(filter))
+        return search_result(self._stub_call("Search", req, timeout), include)
 
     # --- updates --------------------------------------------------------------------------
-    def _request(self, ids: Any, vectors: Any, add_only: bool) -> pb.UpsertRequest:
-        i, x = validation.ids(ids), self._rows(vectors, "vectors")
-        validation.same_length(i, x)
-        return pb.UpsertRequest(collection=self.name, ids=i.tolist(), vectors=x.tobytes(), dim=x.shape[1],
-                                add_only=add_only)
+    def _records(self, ids: Any, vectors: Any) -> tuple[dict, list, np.ndarray]:
+        """Request id fields, the ids as a list, and the vectors, checked as the library checks them."""
+        fields, x = id_fields(ids), self._rows(vectors, "vectors")
+        i = next(iter(fields.values()))
+        validation.same_length(np.empty(len(i)), x)
+        return fields, i, x
 
-    def upsert(self, ids: Any, vectors: Any) -> None:
-        """Insert ``ids`` or replace their vectors; returns once durable and visible."""
-        self._stub_call("Upsert", self._request(ids, vectors, False))
+    def _request(self, ids: Any, vectors: Any, add_only: bool, metadata: Any = None,
+                 documents: Any = None) -> pb.UpsertRequest:
+        fields, i, x = self._records(ids, vectors)
+        n = len(i)
+        req = pb.UpsertRequest(collection=self.name, vectors=x.tobytes(), dim=x.shape[1], add_only=add_only,
+                               **fields)
+        encode_rows(req, _rows_of(metadata, n, "metadata", dict), _rows_of(documents, n, "documents", str))
+        return req
 
-    def add(self, ids: Any, vectors: Any) -> None:
+    def upsert(self, ids: Any, vectors: Any, *, metadata: Any = None, documents: Any = None) -> None:
+        """Insert ``ids`` or replace their records (vector, and ``metadata`` / ``documents``:
+        one dict / str or None per row); returns once durable and visible."""
+        self._stub_call("Upsert", self._request(ids, vectors, False, metadata, documents))
+
+    def add(self, ids: Any, vectors: Any, *, metadata: Any = None, documents: Any = None) -> None:
         """Insert new ids; raises :class:`vindex.IdExistsError` (a ``DuplicateIdError``) naming
         ids already stored, writing nothing."""
-        self._stub_call("Upsert", self._request(ids, vectors, True))
+        self._stub_call("Upsert", self._request(ids, vectors, True, metadata, documents))
 
-    def upsert_stream(self, batches: Iterable[tuple[Any, Any]]) -> Iterator[pb.UpsertAck]:
-        """Stream ``(ids, vectors)`` batches in one call; yields each batch's acknowledgement
-        (``chunk``, ``upserted``, ``total``) once that batch is durable."""
+    def upsert_stream(self, batches: Iterable[tuple]) -> Iterator[pb.UpsertAck]:
+        """Stream ``(ids, vectors)`` or ``(ids, vectors, metadata, documents)`` batches in one
+        call; yields each batch's acknowledgement (``chunk``, ``upserted``, ``total``) once that
+        batch is durable."""
         failed: list[BaseException] = []
 
         def requests() -> Iterator[pb.UpsertRequest]:
             # runs on a gRPC thread, which would turn any exception into UNKNOWN "Exception
             # iterating requests!": end the stream instead and re-raise it here
             try:
-                for i, x in batches:
-                    yield self._request(i, x, False)
+                for batch in batches:
+                    yield self._request(batch[0], batch[1], False, *batch[2:])
             except Exception as e:
                 failed.append(e)
 
@@ -138,25 +207,68 @@ class Collection:
         if failed:
             raise failed[0]
 
-    def upsert_many(self, ids: Any, vectors: Any, chunk: int = STREAM_CHUNK) -> int:
+    def upsert_many(self, ids: Any, vectors: Any, chunk: int = STREAM_CHUNK, *, metadata: Any = None,
+                    documents: Any = None) -> int:
         """Upsert a large array through one stream in ``chunk``-row messages; returns rows stored."""
-        i, x = validation.ids(ids), self._rows(vectors, "vectors")
-        validation.same_length(i, x)
+        _, i, x = self._records(ids, vectors)
+        meta, docs = _rows_of(metadata, len(i), "metadata", dict), _rows_of(documents, len(i), "documents", str)
+
+        def part(rows: list | None, lo: int) -> list | None:
+            return None if rows is None else rows[lo:lo + chunk]
         total = 0
-        for ack in self.upsert_stream((i[lo:lo + chunk], x[lo:lo + chunk]) for lo in range(0, i.size, chunk)):
+        for ack in self.upsert_stream((i[lo:lo + chunk], x[lo:lo + chunk], part(meta, lo), part(docs, lo))
+                                      for lo in range(0, len(i), chunk)):
             total = ack.total
         return int(total)
 
-    def delete(self, ids: Any) -> int:
-        """Delete ``ids``; returns how many were live (unknown ids are ignored)."""
-        req = pb.DeleteRequest(collection=self.name, ids=validation.ids(ids).tolist())
+    def delete(self, ids: Any = None, *, filter: dict | None = None) -> int:
+        """Delete ``ids``, or every record matching ``filter`` (exactly one of them); returns
+        how many were live (unknown ids are ignored)."""
+        if (ids is None) == (filter is None):
+            raise errors.InvalidInputError("delete: pass either ids or filter=, exactly one of them")
+        req = pb.DeleteRequest(collection=self.name, **({} if ids is None else id_fields(ids)))
+        if filter is not None:
+            req.filter.CopyFrom(filter_struct(filter))
         return int(self._stub_call("Delete", req).deleted)
 
-    def get(self, ids: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Stored vectors of ``ids`` and a found mask, as :meth:`vindex.Index.get`."""
-        res = self._stub_call("Get", pb.GetRequest(collection=self.name, ids=validation.ids(ids).tolist()))
-        x = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, res.dim).astype(np.float32)
-        return x, np.array(res.found, dtype=bool)
+    def get(self, ids: Any, *, include: Any = ()) -> Any:
+        """Stored vectors of ``ids`` and a found mask, as :meth:`vindex.Index.get`; unpacks as
+        ``(vectors, found)`` and carries ``.metadata`` / ``.documents`` when included."""
+        include = include_names(include)
+        res = self._stub_call("Get", pb.GetRequest(collection=self.name, include=include, **id_fields(ids)))
+        return get_result(res, include)
+
+    def count(self, filter: dict | None = None) -> int:
+        """Live records (matching ``filter``)."""
+        req = pb.CountRequest(collection=self.name)
+        if filter is not None:
+            req.filter.CopyFrom(filter_struct(filter))
+        return int(self._stub_call("Count", req).count)
+
+    def scroll(self, filter: dict | None = None, *, batch: int = 1000, include: Any = (),
+               cursor: int | None = None) -> Iterator[Any]:
+        """Every live record (matching ``filter``) in a stable order, ``batch`` per page, as
+        :meth:`vindex.Index.scroll`: pages with ``.ids``, ``.cursor`` (pass it as ``cursor=`` to
+        resume after that page) and the ``include``d fields. One call per page."""
+        req = pb.ScrollRequest(collection=self.name, batch=validation.positive_int(batch, "batch", upper=2**31),
+                               include=include_names(include))
+        if filter is not None:
+            req.filter.CopyFrom(filter_struct(filter))
+        return scroll_pages(lambda token: self._stub_call("Scroll", _with_token(req, token)), req.include,
+                            "" if cursor is None else str(int(cursor)))
+
+    def set_metadata(self, ids: Any, metadata: Any, *, merge: bool = True) -> None:
+        """Change the metadata of stored ``ids`` (one dict per id, or one dict for all) without
+        re-sending vectors: ``merge`` updates top-level keys, else replaces. Ids not stored
+        raise :class:`vindex.UnknownIdError`, changing nothing."""
+        fields = id_fields(ids)
+        n = len(next(iter(fields.values())))
+        rows = [metadata] if isinstance(metadata, dict) else _rows_of(metadata, n, "metadata", dict)
+        if rows is None or any(m is None for m in rows):
+            raise errors.InvalidInputError("metadata: expected a dict, or one dict per id")
+        req = pb.SetMetadataRequest(collection=self.name, metadata=[to_struct(m) for m in rows], replace=not merge,
+                                    **fields)
+        self._stub_call("SetMetadata", req)
 
     # --- maintenance ----------------------------------------------------------------------
     def stats(self) -> dict:
@@ -171,6 +283,13 @@ class Collection:
     def checkpoint(self) -> None:
         """Checkpoint the collection so a restart replays no log."""
         self._stub_call("Flush", pb.FlushRequest(collection=self.name))
+
+
+def _with_token(req: pb.ScrollRequest, token: str) -> pb.ScrollRequest:
+    out = pb.ScrollRequest()
+    out.CopyFrom(req)
+    out.page_token = token
+    return out
 
 
 class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials",
@@ -244,13 +363,17 @@ class Client:
         return _call(self._stub.DescribeCollection, pb.DescribeCollectionRequest(name=name), self.timeout)
 
     def create_collection(self, name: str, *, dim: int, metric: str = "l2", exist_ok: bool = False,
-                          **config: Any) -> Collection:
-        """Create an empty collection; ``config`` sets :class:`vindex.IndexConfig` fields.
-        Raises :class:`CollectionExistsError` unless ``exist_ok``."""
+                          id_type: str | None = None, **config: Any) -> Collection:
+        """Create an empty collection of ``id_type`` ("int" or "str"; None: its first write
+        fixes it); ``config`` sets :class:`vindex.IndexConfig` fields. Raises
+        :class:`CollectionExistsError` unless ``exist_ok``."""
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not 1 <= dim <= 65536:
             raise validation.DimensionError(f"dim: expected an integer in 1..65536, got {dim!r}")
+        if id_type is not None and not isinstance(id_type, str):
+            raise errors.InvalidInputError(f"id_type: expected 'int', 'str' or None, got {id_type!r}")
         req = pb.CreateCollectionRequest(name=name, dim=int(dim), metric=metric,
-                                         config_json=json.dumps(config) if config else "", if_not_exists=exist_ok)
+                                         config_json=json.dumps(config) if config else "", if_not_exists=exist_ok,
+                                         id_type=id_type or "")
         return Collection(self, name, _call(self._stub.CreateCollection, req, self.timeout))
 
     def collection(self, name: str) -> Collection:

@@ -19,9 +19,13 @@ OUTPUTS = ("vindex_pb2.py", "vindex_pb2.pyi", "vindex_pb2_grpc.py")
 
 
 def generate(out_dir: str) -> None:
+    import importlib.resources
+
     from grpc_tools import protoc
 
-    args = ["grpc_tools.protoc", f"-I{HERE}", f"--python_out={out_dir}", f"--pyi_out={out_dir}",
+    # the well-known types (google/protobuf/struct.proto) ship inside grpc_tools
+    well_known = importlib.resources.files("grpc_tools") / "_proto"
+    args = ["grpc_tools.protoc", f"-I{HERE}", f"-I{well_known}", f"--python_out={out_dir}", f"--pyi_out={out_dir}",
             f"--grpc_python_out={out_dir}", os.path.join(HERE, PROTO)]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")

@@ -131,8 +131,9 @@ class Collections:
             return sorted(n for n, e in self._entries.items() if not e.dropping)
 
     def create(self, name: str, *, dim: int, metric: str, config: dict, if_not_exists: bool = False,
-               vectors: Any = None) -> vindex.Index:
-        """Create collection ``name``: empty, or bulk-built over ``vectors`` (ids 0..n-1)."""
+               vectors: Any = None, id_type: str | None = None) -> vindex.Index:
+        """Create collection ``name``: empty (of ``id_type`` ids, None: fixed by the first write),
+        or bulk-built over ``vectors`` (ids 0..n-1)."""
         check_name(name)
         if config.get("store", "rocksdb") != "rocksdb":
             raise errors.InvalidConfigError(
@@ -146,10 +147,12 @@ class Collections:
                 raise entry.damaged_error()
             if entry is not None and not entry.dropping:
                 index = entry.index
-                if if_not_exists and (index.dim, index.metric) == (dim, metric):
+                same_ids = id_type is None or index.id_type in (None, id_type)
+                if if_not_exists and (index.dim, index.metric) == (dim, metric) and same_ids:
                     return index
                 detail = "" if not if_not_exists else (
-                    f" with dim {index.dim} and metric {index.metric!r}, not {dim} and {metric!r}")
+                    f" with dim {index.dim} and metric {index.metric!r}, not {dim} and {metric!r}" if same_ids
+                    else f" with {index.id_type} ids, not {id_type}")
                 raise CollectionExistsError(f"collection {name!r} already exists{detail}")
             if entry is not None:
                 raise errors.IndexLockedError(f"collection {name!r} is being dropped; retry")
@@ -161,7 +164,8 @@ class Collections:
             if os.path.exists(path):  # left behind by a failed create
                 shutil.rmtree(path)
             settings = {**self._runtime, **config}
-            index = self._opened(vindex.Index.create(path, dim=dim, metric=metric, **settings) if vectors is None
+            index = self._opened(vindex.Index.create(path, dim=dim, metric=metric, id_type=id_type, **settings)
+                                 if vectors is None
                                  else vindex.Index.build(path, vectors, metric=metric, **settings))
         except BaseException:
             with self._cond:

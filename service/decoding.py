@@ -1,5 +1,8 @@
 """Request decoding: ids and vectors out of ``vindex.v1`` messages, checked.
 
+A request names records by ``ids`` (uint64) or ``str_ids``, one kind per request; the library
+refuses the kind its collection does not hold.
+
 Vectors come either as little-endian float32 ``bytes`` (``vectors``, ``queries``) or as their
 ``repeated float`` twins (``float_vectors``, ``float_queries``); a request sets one of the two.
 The number of rows is known from the request, not guessed from the length: ``len(ids)`` for an
@@ -9,7 +12,7 @@ the rows.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -30,6 +33,17 @@ def decode_ids(raw: Sequence[int], max_rows: int, what: str = "ids") -> np.ndarr
         bad = ids[ids > MAX_ID]
         raise errors.InvalidIdError(f"{what}: expected ids <= 2^63-1, got {errors.preview(bad.tolist())}")
     return ids.astype(np.int64)
+
+
+def decode_request_ids(request: Any, max_rows: int) -> np.ndarray | list[str]:
+    """The request's ``ids`` (int64, as :func:`decode_ids`) or ``str_ids`` (a list of str)."""
+    if len(request.str_ids):
+        if len(request.ids):
+            raise errors.InvalidIdError("ids and str_ids: set one of them, not both")
+        if len(request.str_ids) > max_rows:
+            raise RequestTooLargeError(f"str_ids: at most {max_rows} per request, got {len(request.str_ids)}")
+        return list(request.str_ids)
+    return decode_ids(request.ids, max_rows)
 
 
 def values_sent(buf: bytes, floats: Sequence[float]) -> int:

@@ -18,7 +18,8 @@ from .collections import NAME_RE
 #: (ListCollections names none: its answer is filtered instead).
 COLLECTION_FIELD: dict[str, str] = {
     "Search": "collection", "Get": "collection", "Upsert": "collection", "UpsertStream": "collection",
-    "Delete": "collection", "Flush": "collection", "Stats": "collection",
+    "Delete": "collection", "Flush": "collection", "Stats": "collection", "Count": "collection",
+    "Scroll": "collection", "SetMetadata": "collection",
     "DescribeCollection": "name", "CreateCollection": "name", "DropCollection": "name",
 }
 #: A prefix pattern: the start of a collection name (or nothing), then ``*``.

@@ -38,9 +38,10 @@ from vindex.iosched import lower_thread_priority
 from . import vindex_pb2 as pb
 from . import vindex_pb2_grpc as pb_grpc
 from .admission import Admission, AdmissionInterceptor
-from .batching import SearchBatcher
+from .batching import Rows, SearchBatcher
 from .collections import Collections
-from .decoding import decode_ids, decode_vectors, values_sent
+from .decoding import decode_request_ids, decode_vectors, values_sent
+from .payloads import decode_documents, decode_filter, decode_metadata, encode_rows, from_struct
 from .status import RequestTooLargeError, code_for, library_error, message, trailers
 from .tenants import TenantInterceptor, current_tenant, load_tenants
 from .tls import server_credentials
@@ -57,7 +58,7 @@ DEADLINE_MARGIN_S = 0.005
 class Limits:
     """Per-request caps (the 64 MiB message limit applies as well) and admission caps."""
 
-    max_rows: int = 100_000          # ids or vectors in one upsert, delete or get
+    max_rows: int = 100_000          # ids or vectors in one upsert, delete or get; records in a scroll page
     max_queries: int = 10_000        # queries in one search
     max_k: int = 1024
     max_results: int = 1_000_000     # queries x k in one search (bounds the response size)
@@ -164,7 +165,57 @@ def decode_config(text: str) -> dict:
 
 def collection_info(name: str, index: vindex.Index) -> pb.CollectionInfo:
     return pb.CollectionInfo(name=name, dim=index.dim, metric=index.metric, count=len(index),
-                             config_json=json.dumps(dataclasses.asdict(index.config)))
+                             config_json=json.dumps(dataclasses.asdict(index.config)), id_type=index.id_type or "")
+
+
+#: Scroll page size when a request leaves ``batch`` 0 (the library's default).
+SCROLL_BATCH = 1000
+#: Room for the vectors of a Get response (the rest of the 64 MiB is for everything else).
+RESPONSE_BYTES = MESSAGE_BYTES - (1 << 20)
+
+
+def _include(request: Any) -> tuple[str, ...]:
+    return tuple(request.include)
+
+
+def _id_type(ids: Any) -> str:
+    """"str" for the ids of a collection of string ids (an object array or a list), else "int"."""
+    return "str" if isinstance(ids, list) or getattr(ids, "dtype", None) == object else "int"
+
+
+def encode_ids(message: Any, ids: Any) -> None:
+    """Result ids into ``message.ids`` or (string ids; None padding as "") ``message.str_ids``."""
+    message.id_type = _id_type(ids)
+    flat = np.asarray(ids, dtype=object if message.id_type == "str" else np.int64).ravel().tolist()
+    if message.id_type == "str":
+        message.str_ids.extend("" if i is None else i for i in flat)
+    else:
+        message.ids.extend(flat)
+
+
+def encode_included(message: Any, result: Any, include: tuple[str, ...], lo: int = 0, hi: int | None = None,
+                    flat: bool = False) -> None:
+    """The included fields of ``result`` (rows ``lo:hi``) into ``message``; ``flat``: the
+    result's per-row lists are per query (of ``k``) and are flattened query by query."""
+    def rows(values: Any) -> list:
+        part = list(values[lo:hi])
+        return [v for per_query in part for v in per_query] if flat else part
+
+    encode_rows(message, rows(result.metadata) if "metadata" in include else None,
+                rows(result.documents) if "documents" in include else None)
+    if "vectors" in include:
+        x = np.asarray(result.vectors[lo:hi], dtype="<f4")
+        message.dim = x.shape[-1] if x.ndim > 1 else 0
+        message.vectors = np.ascontiguousarray(x).tobytes()
+
+
+def check_response_size(message: Any, what: str) -> Any:
+    """``message``, or ``RequestTooLargeError`` when it would not fit in a response."""
+    size = message.ByteSize()
+    if size > MESSAGE_BYTES:
+        raise RequestTooLargeError(f"{what}: the response would take {size} bytes, over the 64 MiB limit; "
+                                   f"ask for fewer records or include less")
+    return message
 
 
 def _json_default(o: Any) -> Any:
@@ -225,7 +276,8 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         def run():
             config = decode_config(request.config_json)
             index = self.collections.create(request.name, dim=request.dim, metric=request.metric or "l2",
-                                            config=config, if_not_exists=request.if_not_exists)
+                                            config=config, if_not_exists=request.if_not_exists,
+                                            id_type=request.id_type or None)
             return collection_info(request.name, index)
         return await self._call(context, run)
 
@@ -254,12 +306,15 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
 
     # updates
     def _upsert(self, request: pb.UpsertRequest, name: str) -> int:
-        ids = decode_ids(request.ids, self.limits.max_rows)
-        x = decode_vectors(request.vectors, request.float_vectors, request.dim, ids.size, "vectors",
+        ids = decode_request_ids(request, self.limits.max_rows)
+        n = len(ids)
+        x = decode_vectors(request.vectors, request.float_vectors, request.dim, n, "vectors",
                            self.limits.max_rows, rows_are="ids")
+        metadata = decode_metadata(request, n, self.limits.max_rows)
+        documents = decode_documents(request, n, self.limits.max_rows)
         with self.collections.use(name) as index:
-            (index.add if request.add_only else index.upsert)(ids, x)
-        return int(ids.size)
+            (index.add if request.add_only else index.upsert)(ids, x, metadata=metadata, documents=documents)
+        return n
 
     async def Upsert(self, request, context):
         return pb.UpsertResponse(upserted=await self._call(context, self._upsert, request, request.collection,
@@ -277,24 +332,74 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
 
     async def Delete(self, request, context):
         def run():
-            ids = decode_ids(request.ids, self.limits.max_rows)
+            ids = decode_request_ids(request, self.limits.max_rows)
+            where = decode_filter(request)
+            if where is not None and len(ids):
+                raise errors.InvalidInputError("ids and filter: set one of them, not both")
             with self.collections.use(request.collection) as index:
-                return index.delete(ids)
+                return index.delete(filter=where) if where is not None else index.delete(ids)
         return pb.DeleteResponse(deleted=await self._call(context, run, pool=self.update_pool))
+
+    async def SetMetadata(self, request, context):
+        def run():
+            ids = decode_request_ids(request, self.limits.max_rows)
+            n, sent = len(ids), len(request.metadata)
+            if sent not in (1, n):
+                raise errors.LengthMismatchError(f"metadata: {sent} for {n} ids; expected one per id, or one for all")
+            metadata = from_struct(request.metadata[0]) if sent == 1 else [from_struct(m) for m in request.metadata]
+            with self.collections.use(request.collection) as index:
+                index.set_metadata(ids, metadata, merge=not request.replace)
+            return pb.SetMetadataResponse(updated=n)
+        return await self._call(context, run, pool=self.update_pool)
 
     async def Get(self, request, context):
         tenant = self.tenant_of(context)
 
         def run():
-            ids = decode_ids(request.ids, self.limits.max_rows)
+            ids = decode_request_ids(request, self.limits.max_rows)
+            include = _include(request)
             with self.collections.use(request.collection) as index:
-                if ids.size * index.dim * 4 > MESSAGE_BYTES - (1 << 20):
+                if len(ids) * index.dim * 4 > RESPONSE_BYTES:
                     raise RequestTooLargeError(
-                        f"ids: {ids.size} vectors of dimension {index.dim} exceed the 64 MiB response limit; "
-                        f"ask for at most {(MESSAGE_BYTES - (1 << 20)) // (4 * index.dim)} per request")
-                x, found = index.get(ids, tenant=tenant)
-                return pb.GetResponse(vectors=np.ascontiguousarray(x, "<f4").tobytes(), dim=index.dim,
-                                      found=found.tolist())
+                        f"ids: {len(ids)} vectors of dimension {index.dim} exceed the 64 MiB response limit; "
+                        f"ask for at most {RESPONSE_BYTES // (4 * index.dim)} per request")
+                res = index.get(ids, include=include, tenant=tenant)
+                x, found = res
+                out = pb.GetResponse(vectors=np.ascontiguousarray(x, "<f4").tobytes(), dim=index.dim,
+                                     found=found.tolist())
+            encode_included(out, res, tuple(f for f in include if f != "vectors"))
+            return check_response_size(out, "ids")
+        return await self._call(context, run)
+
+    async def Count(self, request, context):
+        def run():
+            where = decode_filter(request)
+            with self.collections.use(request.collection) as index:
+                return pb.CountResponse(count=index.count(where))
+        return await self._call(context, run)
+
+    async def Scroll(self, request, context):
+        def run():
+            where, include = decode_filter(request), _include(request)
+            batch = request.batch or SCROLL_BATCH
+            if batch > self.limits.max_rows:
+                raise RequestTooLargeError(f"batch: at most {self.limits.max_rows} records per page, got {batch}")
+            cursor = _page_cursor(request.page_token)
+            with self.collections.use(request.collection) as index:
+                pages = index.scroll(where, batch=batch, include=include, cursor=cursor)
+                try:
+                    page = next(pages, None)
+                finally:
+                    getattr(pages, "close", lambda: None)()  # a generator: let it clean up now
+                id_type = index.id_type or "int"
+            out = pb.ScrollResponse(id_type=id_type)
+            if page is None:  # nothing (left) to scroll
+                return out
+            encode_ids(out, page.ids)
+            encode_included(out, page, include)
+            if page.cursor is not None:
+                out.next_page_token = str(page.cursor)
+            return check_response_size(out, "batch")
         return await self._call(context, run)
 
     # search
@@ -307,6 +412,7 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
             params["ef"] = request.ef
         if request.HasField("eps"):
             params["eps"] = float(request.eps)
+        include, where = _include(request), decode_filter(request)  # the library checks both
 
         tenant = self.tenant_of(context)
         remaining = context.time_remaining()
@@ -318,14 +424,21 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
                    ) -> vindex.SearchResult:
             timeout = None if deadline is None else max(deadline - time.monotonic(), 1e-6)
             with self.collections.use(name) as index:
-                return index.search(q, k, timeout=timeout, tenant=tenant, interactive=interactive, **params)
+                return index.search(q, k, filter=where, include=include, timeout=timeout, tenant=tenant,
+                                    interactive=interactive, **params)
 
-        def respond(res: vindex.SearchResult) -> pb.SearchResponse:
-            return pb.SearchResponse(nq=res.ids.shape[0], k=k, ids=res.ids.ravel().tolist(),
-                                     distances=res.distances.ravel().tolist(),
-                                     postings=res.stats.get("postings", 0),
-                                     records_scanned=res.stats.get("records_scanned", 0),
-                                     partial=res.partial, postings_dropped=res.stats.get("postings_dropped", 0))
+        def respond(rows: Rows) -> pb.SearchResponse:
+            res, lo, hi = rows
+            out = pb.SearchResponse(nq=hi - lo, k=k, distances=res.distances[lo:hi].ravel().tolist(),
+                                    postings=res.stats.get("postings", 0),
+                                    records_scanned=res.stats.get("records_scanned", 0),
+                                    partial=res.partial, postings_dropped=res.stats.get("postings_dropped", 0))
+            encode_ids(out, res.ids[lo:hi])
+            encode_included(out, res, include, lo, hi, flat=True)
+            return check_response_size(out, "queries x k")
+
+        def alone(res: vindex.SearchResult) -> pb.SearchResponse:
+            return respond(Rows(res, 0, res.ids.shape[0]))
 
         def checked() -> np.ndarray:
             if not 1 <= k <= self.limits.max_k:
@@ -342,13 +455,16 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         async def coalesced() -> pb.SearchResponse:
             if values_sent(request.queries, request.float_queries) > SMALL_SEARCH_QUERIES * max(1, request.dim):
                 # a batch already: checked and run on the pool, off the event loop
-                return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: respond(search(checked())))
+                return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: alone(search(checked())))
             q = checked()  # small: cheap enough for the event loop
             if q.shape[0] == 0:  # (a small request has at most SMALL_SEARCH_QUERIES rows)
-                return respond(await asyncio.get_running_loop().run_in_executor(self.pool, search, q))
-            key = (name, k, tenant, tuple(sorted(params.items())))
+                return alone(await asyncio.get_running_loop().run_in_executor(self.pool, search, q))
+            # one filter and one include per batch: the library takes one of each per call
+            key = (name, k, tenant, tuple(sorted(params.items())), json.dumps(where, sort_keys=True), include)
             # a coalesced batch is many small requests, each waited for: interactive at any size
-            return respond(await self.batcher.search(key, lambda qs, d: search(qs, d, interactive=True), q, deadline))
+            rows = await self.batcher.search(key, lambda qs, d: search(qs, d, interactive=True), q, deadline)
+            return await asyncio.get_running_loop().run_in_executor(self.pool, respond, rows) if include \
+                else respond(rows)  # payloads take a while to encode: off the event loop
 
         return await self._call(context, None, coroutine=coalesced)
 
@@ -381,6 +497,16 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
                 index.checkpoint()
                 return pb.FlushResponse(idle=idle)
         return await self._call(context, run)
+
+
+def _page_cursor(token: str) -> int | None:
+    """The library cursor a Scroll ``page_token`` carries (None for the first page)."""
+    if not token:
+        return None
+    if token.isascii() and token.isdigit() and len(token) <= 19 and int(token) < 2**63:
+        return int(token)
+    raise errors.InvalidInputError(f"page_token: expected the next_page_token of a previous Scroll "
+                                   f"response, got {token[:64]!r}")
 
 
 # --- server lifecycle ---------------------------------------------------------------------------

@@ -6,7 +6,9 @@ client re-raises the very exception the embedded library would have raised.
 """
 from __future__ import annotations
 
+import json
 import re
+from typing import Any, Callable
 
 import grpc
 
@@ -17,6 +19,7 @@ from vindex.storage.diskfull import NO_SPACE_ERRNOS
 #: Trailing-metadata keys carrying the library exception.
 ERROR_KEY = "vindex-error"
 IDS_KEY = "vindex-error-ids"
+STR_IDS_KEY = "vindex-error-str-ids-bin"  # a JSON list of the string ids (binary: any UTF-8)
 #: Characters of ids sent in trailing metadata: gRPC refuses trailers over 8 KiB (soft limit)
 #: and replaces the whole status, so only the first ids that fit are named.
 MAX_IDS_CHARS = 4096
@@ -109,20 +112,27 @@ def message(exc: object) -> str:
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - len(more)] + more
 
 
-def trailers(exc: BaseException) -> tuple[tuple[str, str], ...]:
+def trailers(exc: BaseException) -> tuple[tuple[str, str | bytes], ...]:
     """Metadata naming the exception class (and its ids) for :func:`to_exception`."""
-    md = [(ERROR_KEY, type(exc).__name__)]
+    md: list[tuple[str, str | bytes]] = [(ERROR_KEY, type(exc).__name__)]
     ids = getattr(exc, "ids", None)
     if ids:
-        text, size = [], -1
-        for i in ids:
-            item = str(int(i))
-            size += len(item) + 1
-            if size > MAX_IDS_CHARS:
-                break
-            text.append(item)
-        md.append((IDS_KEY, ",".join(text)))
+        if all(isinstance(i, str) for i in ids):  # any UTF-8: JSON in a binary header
+            md.append((STR_IDS_KEY, json.dumps(_first_fitting(ids, json.dumps, 2)).encode()))
+        else:
+            md.append((IDS_KEY, ",".join(_first_fitting([str(int(i)) for i in ids], str, 1))))
     return tuple(md)
+
+
+def _first_fitting(ids: list, encode: Callable[[Any], str], sep: int) -> list:
+    """The first ``ids`` whose encodings joined by ``sep``-byte separators fit in ``MAX_IDS_CHARS``."""
+    out, size = [], -sep
+    for i in ids:
+        size += len(encode(i).encode()) + sep
+        if size > MAX_IDS_CHARS:
+            break
+        out.append(i)
+    return out
 
 
 _KNOWN = {cls.__name__: cls for cls in (
@@ -146,11 +156,23 @@ def to_exception(err: grpc.RpcError) -> Exception:
     md = dict(err.trailing_metadata() or ())
     cls = _KNOWN.get(md.get(ERROR_KEY, ""))
     if cls is not None:
-        if issubclass(cls, errors.DuplicateIdError):
-            raw = md.get(IDS_KEY, "")
-            return cls(message, [int(i) for i in raw.split(",") if i])
+        if issubclass(cls, (errors.DuplicateIdError, errors.UnknownIdError)):
+            return _with_ids(cls, message, md)
         numbered = _ERRNO.fullmatch(message) if issubclass(cls, errors.StorageError) else None
         if numbered:
             return cls(int(numbered[1]), numbered[2])
         return cls(message)
     return ServiceError(f"{code.name}: {message}", code)
+
+
+def _with_ids(cls: type, message: str, md: dict) -> Exception:
+    """``cls(message, ids)`` with the ids the trailers name (ints, or strs for string ids)."""
+    if STR_IDS_KEY in md:
+        try:
+            ids = json.loads(md[STR_IDS_KEY])
+        except ValueError:
+            ids = []
+        exc = cls(message, [])
+        exc.ids = list(ids)  # set after: DuplicateIdError's constructor makes ints of its ids
+        return exc
+    return cls(message, [int(i) for i in md.get(IDS_KEY, "").split(",") if i])

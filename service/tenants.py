@@ -46,8 +46,8 @@ from .status import QuotaExceededError, message, trailers
 
 #: RPC classes and the ``vindex.v1.VectorIndex`` RPCs each one allows.
 CLASSES: dict[str, tuple[str, ...]] = {
-    "interactive": ("Search", "Get", "DescribeCollection", "ListCollections", "Stats"),
-    "update": ("Upsert", "UpsertStream", "Delete", "Flush"),
+    "interactive": ("Search", "Get", "Count", "Scroll", "DescribeCollection", "ListCollections", "Stats"),
+    "update": ("Upsert", "UpsertStream", "Delete", "SetMetadata", "Flush"),
     "admin": ("CreateCollection", "DropCollection"),
 }
 RPC_CLASS: dict[str, str] = {rpc: cls for cls, rpcs in CLASSES.items() for rpc in rpcs}
@@ -71,9 +71,10 @@ class Quota:
     """Per-tenant limits; ``None`` is unlimited.
 
     ``queries_per_s`` tokens a second up to ``burst`` pay for searches (one per query, at least
-    one per call); ``rows_per_s`` up to ``burst_rows`` pay for Upsert, UpsertStream chunks and
-    Delete (one per id); ``max_in_flight`` caps the tenant's calls running at once (a stream
-    counts for its whole length). Get, Describe, List, Stats and Flush are limited by
+    one per call); ``rows_per_s`` up to ``burst_rows`` pay for Upsert, UpsertStream chunks,
+    Delete and SetMetadata (one per id; a delete by filter costs none); ``max_in_flight`` caps the
+    tenant's calls running at once (a stream counts for its whole length). Get, Count, Scroll,
+    Describe, List, Stats and Flush are limited by
     ``max_in_flight`` only. ``postings_per_s`` up to ``burst_postings`` is an I/O quota,
     enforced by each collection's I/O scheduler: the postings its searches and gets read (a
     search of ``max_postings`` 64 reads up to 64 per query)."""
@@ -364,7 +365,7 @@ def _queries(request: Any) -> int:
 
 
 def _rows(request: Any) -> int:
-    return len(getattr(request, "ids", ()))
+    return len(getattr(request, "ids", ())) + len(getattr(request, "str_ids", ()))
 
 
 #: What a call spends: (bucket, cost of one request message). Undecodable requests cost the
@@ -372,6 +373,7 @@ def _rows(request: Any) -> int:
 COSTS: dict[str, tuple[str, Callable[[Any], int]]] = {
     "Search": ("queries", _queries),
     "Upsert": ("rows", _rows), "UpsertStream": ("rows", _rows), "Delete": ("rows", _rows),
+    "SetMetadata": ("rows", _rows),
 }
 
 

@@ -79,6 +79,21 @@ class VectorIndexStub:
                 request_serializer=vindex__pb2.SearchRequest.SerializeToString,
                 response_deserializer=vindex__pb2.SearchResponse.FromString,
                 _registered_method=True)
+        self.Count = channel.unary_unary(
+                '/vindex.v1.VectorIndex/Count',
+                request_serializer=vindex__pb2.CountRequest.SerializeToString,
+                response_deserializer=vindex__pb2.CountResponse.FromString,
+                _registered_method=True)
+        self.Scroll = channel.unary_unary(
+                '/vindex.v1.VectorIndex/Scroll',
+                request_serializer=vindex__pb2.ScrollRequest.SerializeToString,
+                response_deserializer=vindex__pb2.ScrollResponse.FromString,
+                _registered_method=True)
+        self.SetMetadata = channel.unary_unary(
+                '/vindex.v1.VectorIndex/SetMetadata',
+                request_serializer=vindex__pb2.SetMetadataRequest.SerializeToString,
+                response_deserializer=vindex__pb2.SetMetadataResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/vindex.v1.VectorIndex/Stats',
                 request_serializer=vindex__pb2.StatsRequest.SerializeToString,
@@ -133,7 +148,8 @@ class VectorIndexServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Delete(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Delete by ids, or every record matching a filter.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -145,7 +161,29 @@ class VectorIndexServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Search(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Nearest neighbours, optionally among the records matching a filter only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Count(self, request, context):
+        """Live records (matching a filter).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Scroll(self, request, context):
+        """Every live record (matching a filter), one page per call in a stable order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetMetadata(self, request, context):
+        """Change stored records' metadata without re-sending their vectors.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -210,6 +248,21 @@ def add_VectorIndexServicer_to_server(servicer, server):
                     servicer.Search,
                     request_deserializer=vindex__pb2.SearchRequest.FromString,
                     response_serializer=vindex__pb2.SearchResponse.SerializeToString,
+            ),
+            'Count': grpc.unary_unary_rpc_method_handler(
+                    servicer.Count,
+                    request_deserializer=vindex__pb2.CountRequest.FromString,
+                    response_serializer=vindex__pb2.CountResponse.SerializeToString,
+            ),
+            'Scroll': grpc.unary_unary_rpc_method_handler(
+                    servicer.Scroll,
+                    request_deserializer=vindex__pb2.ScrollRequest.FromString,
+                    response_serializer=vindex__pb2.ScrollResponse.SerializeToString,
+            ),
+            'SetMetadata': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetMetadata,
+                    request_deserializer=vindex__pb2.SetMetadataRequest.FromString,
+                    response_serializer=vindex__pb2.SetMetadataResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -465,6 +518,87 @@ class VectorIndex:
             '/vindex.v1.VectorIndex/Search',
             vindex__pb2.SearchRequest.SerializeToString,
             vindex__pb2.SearchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Count(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vindex.v1.VectorIndex/Count',
+            vindex__pb2.CountRequest.SerializeToString,
+            vindex__pb2.CountResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scroll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vindex.v1.VectorIndex/Scroll',
+            vindex__pb2.ScrollRequest.SerializeToString,
+            vindex__pb2.ScrollResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetMetadata(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vindex.v1.VectorIndex/SetMetadata',
+            vindex__pb2.SetMetadataRequest.SerializeToString,
+            vindex__pb2.SetMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
