@@ -5,6 +5,7 @@ and the upsert rate with metadata against without.
     python -m bench.filtered                       # wiki-minilm-15k and glove-100k, all engines
     python -m bench.filtered --quick               # a small smoke run
     python -m bench.filtered --mode upsert
+    python -m bench.filtered --markdown bench/results/filtered.json   # the docs tables again
 
 Filters (bench.filter_workload): uniform labels at 50%, 10%, 1%, 0.1%, 0.01%, a numeric range
 (~5%), on wiki the real topic, and a k-means cluster far from each query. Every engine is searched
@@ -18,6 +19,7 @@ brute force's QPS. Writes ``<out>/filtered.json``; prints the tables docs/benchm
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -97,7 +99,7 @@ def sweep_case(engine, case, queries, truth, args, floor: int) -> list[dict]:
 
 def run_engine(name: str, base, queries, metric, work, truths, args, workdir) -> dict:
     """Build engine ``name`` and sweep it over every filter case; ``{"skipped": why}`` if it cannot run."""
-    engine = ENGINES[name](args.build_threads, os.path.join(workdir, "vindex"), args.config)
+    engine = ENGINES[name](args.build_threads, os.path.join(workdir, "vindex"), args.config, args.include)
     print(f"[{name}] building on {args.build_threads} thread(s) ...", file=sys.stderr, flush=True)
     measure.limit_threads(args.build_threads)
     t0 = time.perf_counter()
@@ -172,6 +174,23 @@ def markdown(summary: list[dict], columns=SUMMARY_COLUMNS) -> str:
     return "\n".join(lines)
 
 
+def docs_markdown(result: dict) -> str:
+    """The tables docs/benchmarks.md quotes: each data set's summary, then the upsert rates."""
+    parts, upserts = [], []
+    for name, ds in result["datasets"].items():
+        if "search" in ds:
+            parts.append(f"{name} ({ds['n']:,} x {ds['dim']}, {ds['metric']}, {ds['queries']} queries):\n\n"
+                         + markdown(ds["search"]["summary"]))
+        if "upsert" in ds:
+            upserts.append({"dataset": name, **ds["upsert"]})
+    if upserts:
+        cols = [("dataset", "data set", "s"), ("rows", "rows", "d"), ("batch", "batch", "d"),
+                ("plain_rows_s", "rows/s without metadata", ".0f"),
+                ("metadata_rows_s", "rows/s with 5 keys + 500-byte document", ".0f"), ("ratio", "ratio", ".2f")]
+        parts.append(markdown(upserts, cols))
+    return "\n\n".join(parts)
+
+
 def run_search(ds: Loaded, args) -> dict:
     """Every engine over every filter case of ``ds``: rows, summary and the cases' description."""
     base, queries, metric, work = ds.base, ds.queries, ds.metric, ds.work
@@ -209,14 +228,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--build-threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--config", default="", help="vindex config as key=value,key=value")
-    ap.add_argument("--upsert-rows", type=int, default=20_000, help="rows upserted per timed run")
+    ap.add_argument("--include", default="", help="vindex search include=, e.g. documents,metadata "
+                    "(the peers return ids only)")
+    ap.add_argument("--upsert-rows", type=int, default=100_000,
+                    help="rows upserted per timed run (at most the data set's)")
     ap.add_argument("--upsert-batch", type=int, default=1000)
     ap.add_argument("--upsert-repeats", type=int, default=3, help="fresh-index runs per variant (median)")
     ap.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK}")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--markdown", metavar="JSON", help="only print the docs tables of a result file")
     args = ap.parse_args(argv)
     args.datasets = [d for d in args.datasets.split(",") if d]
     args.engines = [e for e in args.engines.split(",") if e]
+    args.include = tuple(f for f in args.include.split(",") if f)
     unknown = [e for e in args.engines if e not in ENGINES]
     if unknown:
         ap.error(f"unknown engine(s) {', '.join(unknown)}; valid: {', '.join(ENGINES)}")
@@ -231,9 +255,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.markdown:
+        with open(args.markdown) as f:
+            print(docs_markdown(json.load(f)))
+        return 0
     result = {"meta": {"k": args.k, "queries": args.queries, "repeats": args.repeats, "budget_s": args.budget,
                        "search_threads": 1, "build_threads": args.build_threads, "quick": args.quick,
-                       "vindex_config": args.config, "time": time.strftime("%Y-%m-%d %H:%M:%S")}}
+                       "vindex_config": args.config,
+                       "vindex_include": list(args.include), "time": time.strftime("%Y-%m-%d %H:%M:%S")}}
     result["datasets"] = {}
     for name in args.datasets:
         ds = load_workload(name, args)
@@ -249,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 repeats=args.upsert_repeats)
     path = os.path.join(args.out, "filtered-quick.json" if args.quick else "filtered.json")
     report.write_json(path, result)
+    print("\n" + docs_markdown(result))
     print(f"\nwrote {path}")
     return 0
 

@@ -135,6 +135,8 @@ class VindexFiltered(Vindex):
     bench.recall_qps."""
 
     name = "vindex"
+    #: fields each search returns beside ids (``Index.search(include=...)``)
+    include: tuple[str, ...] = ()
 
     def build(self, base: np.ndarray, metric: str, workload: Workload) -> None:  # type: ignore[override]
         if not _has_filter_api():
@@ -155,14 +157,21 @@ class VindexFiltered(Vindex):
                           max_postings=max(MAX_POSTINGS))  # compiles this filter's path once
 
     def search_one(self, q: np.ndarray, qi: int, k: int) -> np.ndarray:
-        res = self.index.search(q[None, :], k, filter=self.case.filter_of(qi), **self.params)
+        res = self.index.search(q[None, :], k, filter=self.case.filter_of(qi), include=self.include,
+                                **self.params)
         return np.asarray(res.ids[0], dtype=np.int64)
 
 
-#: name -> factory(build_threads, index_dir, config)
+def _vindex(threads: int, index_dir: str, config: dict, include: tuple[str, ...]) -> VindexFiltered:
+    engine = VindexFiltered(index_dir, build_threads=threads, config=config)
+    engine.include = include
+    return engine
+
+
+#: name -> factory(build_threads, index_dir, vindex config, vindex include)
 ENGINES = {
-    "vindex": lambda threads, index_dir, config: VindexFiltered(index_dir, build_threads=threads, config=config),
-    "faiss-ivfflat": lambda threads, index_dir, config: FaissIVFBitmap(build_threads=threads),
-    "hnswlib": lambda threads, index_dir, config: HnswlibFilter(build_threads=threads),
-    "brute-force": lambda threads, index_dir, config: BruteForce(),
+    "vindex": _vindex,
+    "faiss-ivfflat": lambda threads, index_dir, config, include: FaissIVFBitmap(build_threads=threads),
+    "hnswlib": lambda threads, index_dir, config, include: HnswlibFilter(build_threads=threads),
+    "brute-force": lambda threads, index_dir, config, include: BruteForce(),
 }
