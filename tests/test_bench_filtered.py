@@ -157,3 +157,31 @@ def test_quick_run_writes_every_case_for_every_engine(tmp_path):
     assert wiki["upsert"]["plain_rows_s"] > 0
     assert "metadata_rows_s" in wiki["upsert"] or "skipped" in wiki["upsert"]
     assert "skipped" in engines["vindex"] or engines["vindex"]["cases"].keys() == set(names)
+
+
+def test_summary_takes_vindex_at_its_unfiltered_095_setting_and_peers_at_the_same_recall():
+    cases = [filter_workload.unfiltered_case(100, 4),
+             filter_workload.FilterCase("f", "label", [{"label": {"$lt": 1}}],
+                                        np.arange(100)[None, :] < 10, np.zeros(4, dtype=np.int64))]
+
+    def rows(case, pts):
+        return [{"case": case, "setting": i, "params": f"p={i}", "recall": r, "qps": q}
+                for i, (r, q) in enumerate(pts)]
+
+    engines = {
+        "vindex": {"setting_at_0.95_unfiltered": 1,
+                   "cases": {"unfiltered": rows("unfiltered", [(0.9, 900), (0.96, 600)]),
+                             "f": rows("f", [(0.97, 800), (0.98, 500), (1.0, 100)])}},
+        "faiss-ivfflat": {"cases": {"unfiltered": rows("unfiltered", [(0.9, 400), (1.0, 200)]),
+                                    "f": rows("f", [(0.96, 300), (1.0, 100)])}},
+        "hnswlib": {"skipped": "no"},
+        "brute-force": {"cases": {"unfiltered": rows("unfiltered", [(1.0, 50)]), "f": rows("f", [(1.0, 250)])}},
+    }
+    un, f = filtered.summarize(cases, engines)
+    assert (f["vindex_params"], f["vindex_recall"], f["vindex_qps"]) == ("p=1", 0.98, 500)
+    assert f["faiss_qps"] == pytest.approx(200)  # 0.98: halfway between (0.96, 300) and (1.0, 100)
+    assert f["x_faiss"] == pytest.approx(2.5) and f["x_brute"] == pytest.approx(2.0)
+    assert "hnswlib_qps" not in f
+    assert un["faiss_qps"] == pytest.approx(280) and un["min_matches"] == 100
+    assert f["selectivity"] == pytest.approx(0.1)
+    assert "| f | 10.0000% |" in filtered.markdown([f])
