@@ -49,14 +49,14 @@ def search_result(res: Any, include: list[str]) -> Any:
                  if name != "vectors"}
     if "vectors" in fields:
         per_query["vectors"] = fields["vectors"].reshape(nq, k, -1)
-    return results.SearchResult(ids, dists, stats, **per_query)
+    return results.SearchResult(ids, dists, stats, per_query)
 
 
 def get_result(res: Any, include: list[str]) -> Any:
     x = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, res.dim).astype(np.float32)
     found = np.array(res.found, dtype=bool)
     fields = _included(res, [f for f in include if f != "vectors"], len(found))
-    return results.GetResult(x, found, **fields)
+    return results.GetResult(x, found, fields)
 
 
 def scroll_pages(fetch: Callable[[str], Any], include: list[str], token: str = "") -> Iterator[Any]:
@@ -70,6 +70,6 @@ def scroll_pages(fetch: Callable[[str], Any], include: list[str], token: str = "
         if n == 0 and not res.next_page_token:
             return
         token = res.next_page_token
-        yield results.ScrollPage(ids, int(token) if token else None, **_included(res, include, n))
+        yield results.ScrollPage(ids, int(token) if token else None, _included(res, include, n))
         if not token:
             return

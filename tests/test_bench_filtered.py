@@ -130,7 +130,7 @@ def test_vindex_filtered_search_at_all_postings_is_exact(small, tmp_path):
         engine.build(base, "cosine", work)
     except Unsupported as e:
         pytest.skip(str(e))
-    engine.set_params({"max_postings": 10_000})
+    engine.set_params({"max_postings": 4096})
     for case, truth in zip(work.cases, truths):
         found = _run(engine, case, queries)
         assert filtered_truth.recall(found, truth) == 1.0, case.name
