@@ -83,10 +83,12 @@ class Index:
         cfg = engine.config
         # before any thread starts: if it fails, the caller releases the store and nothing
         # has checkpointed the index that failed to open
-        drop_orphans(engine)
+        orphans = drop_orphans(engine)
         # replica selection for upserts; under sla its threads yield the cores to searches
         self._pool = yielding_pool("vindex-insert", cfg.io_scheduler == "sla")
         self._rebalancer = Rebalancer(engine, enabled=cfg.rebalance)
+        if orphans:  # dropped by the background once the store can write; never reused before
+            self._rebalancer.cuts.defer(orphans, {})
         engine.checkpoints.start_thread()
         self._finalizer = weakref.finalize(self, _shutdown, self._rebalancer, engine.checkpoints, self._pool,
                                            engine.store)

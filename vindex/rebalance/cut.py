@@ -12,6 +12,7 @@ when no log follows the checkpoint.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -19,10 +20,13 @@ import numpy as np
 
 from .. import oplog
 from ..engine import Engine
+from ..errors import StorageError
 from ..storage import Change, IOClass, records
 from ..storage.directory import Lengths
 from . import policy
 from .reads import PostingReader, copies_named
+
+log = logging.getLogger("vindex.rebalance")
 
 #: Checkpoint arrays of the copies waiting to be cut: (posting, copy key) pairs.
 STALE_ARRAYS = ("stale_pids", "stale_keys")
@@ -215,14 +219,21 @@ class CutPlan:
     keep: np.ndarray
 
 
-def drop_orphans(engine: Engine) -> None:
+def drop_orphans(engine: Engine) -> list[int]:
     """Drop the postings of removed heads whose deferred drop a crash cut short (at open,
-    before any search runs)."""
+    before any search runs). Returns those it could not drop (a store opened read-only on a
+    full disk): the caller defers them, which keeps their pids from reuse until dropped."""
     g = engine.state.graph
     dead = np.flatnonzero(~g.alive[: g.n])
-    orphans = dead[engine.lengths(dead) > 0]
-    if orphans.size:
-        engine.store.commit(Change(drops=[int(p) for p in orphans]), IOClass.BACKGROUND)
+    orphans = [int(p) for p in dead[engine.lengths(dead) > 0]]
+    if not orphans:
+        return []
+    try:
+        engine.store.commit(Change(drops=orphans), IOClass.BACKGROUND)
+    except StorageError as exc:
+        log.warning("%d postings of removed heads stay until the store can write: %s", len(orphans), exc)
+        return orphans
+    return []
 
 
 def plan_cut(engine: Engine, reader: PostingReader, cuts: dict[int, np.ndarray]) -> CutPlan | None:
