@@ -298,3 +298,25 @@ def test_kill_9_leaves_no_vector_without_its_metadata(tmp_path):
             assert all(d == i * 3 for d, i in zip(page.documents, page.ids))
             assert all(m["batch"] == int(i[1:].split("-")[0]) for m, i in zip(page.metadata, page.ids))
         assert idx.count({"batch": {"$lte": acked}}) == 50 * (acked + 1)
+
+
+def test_repeated_filter_sees_every_write_in_between(tmp_path):
+    """The same filter searched again after each kind of write (plans are cached per filter
+    until a record is applied): new matches show, changed and deleted ones do not."""
+    x, ids, meta, _ = _data(5, 400)
+    idx = vindex.Index.build(tmp_path / "idx", x, ids, metadata=meta, rebalance=False)
+    flt = {"topic": "sport"}
+    q = x[:1] + 1e-3
+
+    def top():
+        return idx.search(q, 3, filter=flt).ids[0].tolist()
+
+    first = top()
+    assert top() == first  # the cached plan answers alike
+    idx.upsert(["near"], x[:1], metadata=[{"topic": "sport"}])
+    assert top()[0] == "near"
+    idx.set_metadata(["near"], {"topic": "news"})
+    assert "near" not in top()
+    idx.delete([first[0]])
+    assert first[0] not in top() and top()[0] == first[1]
+    idx.close()

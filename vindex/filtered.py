@@ -17,7 +17,9 @@ set reads as deleted (``versions_for``), so it skips them without computing thei
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -41,13 +43,48 @@ class FilterPlan:
     def n_heads(self) -> int:
         return int(np.count_nonzero(self.heads))
 
+    @cached_property
+    def _keep(self) -> tuple[np.ndarray, np.ndarray]:
+        """Byte masks: ``versions & keep | outside`` is a version where allowed, else DELETED
+        (two byte-wise passes, several times faster than a masked copy)."""
+        keep = self.allowed.view(np.uint8) * np.uint8(0xFF)
+        return keep, ~keep & DELETED
+
     def versions_for(self, versions: np.ndarray) -> np.ndarray:
         """``versions`` (the live version map, any length) with every record outside the
         plan marked deleted: records written since the plan was made are outside it."""
-        out = np.full(versions.shape[0], DELETED, dtype=np.uint8)
-        n = min(self.allowed.shape[0], versions.shape[0])
-        np.copyto(out[:n], versions[:n], where=self.allowed[:n])
+        keep, outside = self._keep
+        n = min(keep.shape[0], versions.shape[0])
+        out = np.empty(versions.shape[0], dtype=np.uint8)
+        np.bitwise_and(versions[:n], keep[:n], out=out[:n])
+        out[:n] |= outside[:n]
+        out[n:] = DELETED
         return out
+
+
+class PlanCache:
+    """The plans of the last few filters, valid while no record is applied: a pipeline
+    tends to search with the same filter (a tenant's, a source's) over and over."""
+
+    def __init__(self, size: int = 32):
+        self._size = size
+        self._plans: dict[tuple[Filter, int], FilterPlan] = {}
+        self._lock = threading.Lock()
+
+    def get(self, state: State, f: Filter) -> FilterPlan:
+        """``plan(state, f)``; call with writers held off (``Readers.reading``)."""
+        key = (f, state.applied)
+        with self._lock:
+            found = self._plans.get(key)
+        if found is not None:
+            return found
+        made = plan(state, f)
+        with self._lock:
+            self._plans = {k: v for k, v in self._plans.items() if k[1] == state.applied}
+            if len(self._plans) >= self._size:
+                del self._plans[next(iter(self._plans))]
+            self._plans[key] = made
+        return made
 
 
 def plan(state: State, f: Filter) -> FilterPlan:

@@ -87,6 +87,7 @@ class Index:
         # replica selection for upserts; under sla its threads yield the cores to searches
         self._pool = yielding_pool("vindex-insert", cfg.io_scheduler == "sla")
         self._rebalancer = Rebalancer(engine, enabled=cfg.rebalance)
+        self._plans = filtered.PlanCache()
         if orphans:  # dropped by the background once the store can write; never reused before
             self._rebalancer.cuts.defer(orphans, {})
         engine.checkpoints.start_thread()
@@ -299,7 +300,7 @@ class Index:
             choose = versions = None
             if f is not None:
                 with eng.readers.reading():
-                    fplan = filtered.plan(st, f)
+                    fplan = self._plans.get(st, f)
 
                 def choose(queries: np.ndarray, held: bool) -> tuple[np.ndarray, np.ndarray]:
                     return filtered.choose_postings(st.graph, queries, self._metric_code, fplan, m, e,

@@ -56,6 +56,7 @@ class State:
         self.has_payload = bool(arrays["has_payload"][0]) if "has_payload" in arrays else False
         has_index = any(k.startswith("pl_") for k in arrays)
         self.payload = PayloadIndex.from_arrays(arrays) if has_index else PayloadIndex()
+        self.applied = 0  # records applied: what a cached filter plan was made at
 
     def arrays(self) -> dict[str, np.ndarray]:
         out = {**self.idmap.arrays(), **self.graph.arrays(), "garbage": self.garbage[: self.graph.n],
@@ -86,6 +87,7 @@ class State:
     def apply(self, rec: Record, *, graph_done: bool = False) -> None:
         """Make a committed record effective. ``graph_done``: the caller already changed the
         graph in memory (the live rebalancing path); replay passes False."""
+        self.applied += 1
         a = rec.arrays
         idm = self.idmap
         if "g_pids" in a and not graph_done:
