@@ -320,3 +320,17 @@ def test_repeated_filter_sees_every_write_in_between(tmp_path):
     idx.delete([first[0]])
     assert first[0] not in top() and top()[0] == first[1]
     idx.close()
+
+
+def test_a_lookup_of_a_negative_id_finds_no_retired_vid():
+    """A retired vid's id reads -1; str ids never seen are looked up as -1 and must not
+    find it (a get or delete of an unknown str id would then touch a retired record)."""
+    from vindex.idmap import IdMap
+    from vindex.native.idhash import _home
+
+    idm = IdMap()
+    mask = idm.table.shape[0] - 1
+    same_slot = next(e for e in range(1, 1 << 20) if _home(e, mask) == _home(-1, mask))  # -1's probe meets it
+    idm.allocate(np.array([same_slot, same_slot + 1], dtype=np.int64))
+    idm.retire(np.array([0]))
+    assert idm.lookup(np.array([-1, same_slot + 1, same_slot], dtype=np.int64)).tolist() == [-1, 1, -1]

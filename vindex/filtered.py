@@ -39,7 +39,7 @@ class FilterPlan:
     live: int             # live records then (the selectivity's denominator)
     heads: np.ndarray     # bool per head: its posting is the home of a match
 
-    @property
+    @cached_property
     def n_heads(self) -> int:
         return int(np.count_nonzero(self.heads))
 
@@ -119,11 +119,9 @@ def recheck(state: State, f: Filter, ids: np.ndarray, dists: np.ndarray) -> tupl
     """Drop results whose metadata stopped matching while the search ran (a concurrent
     ``set_metadata``), keeping each row's order; ``ids`` are internal (-1 padding)."""
     flat = ids.reshape(-1)
-    real = flat >= 0
-    vids = np.full(flat.shape[0], -1, dtype=np.int64)
-    vids[real] = state.idmap.lookup(flat[real])
+    vids = state.idmap.lookup(flat)
     ok = np.ones(flat.shape[0], dtype=bool)  # padding stays where it is
-    ok[real] = False
+    ok[flat >= 0] = False
     known = vids >= 0
     ok[known] = state.payload.check(f, vids[known])
     if ok.all():

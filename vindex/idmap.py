@@ -48,8 +48,11 @@ class IdMap:
 
     # --- queries --------------------------------------------------------------------------------
     def lookup(self, exts: np.ndarray) -> np.ndarray:
-        """vids of ``exts`` (int64; -1 for ids never seen)."""
-        return native.idhash.lookup(self.table, self.vid2ext, exts)
+        """vids of ``exts`` (int64; -1 for ids never seen, and for negative ``exts``: a
+        retired vid's id reads -1, and a lookup of -1 must not find it)."""
+        vids = native.idhash.lookup(self.table, self.vid2ext, exts)
+        vids[exts < 0] = -1
+        return vids
 
     def live_vids(self, exts: np.ndarray) -> np.ndarray:
         """vids of ``exts`` that are currently live (-1 otherwise)."""

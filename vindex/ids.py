@@ -78,14 +78,6 @@ def plan_new(table: strids.StrIds, resolved: Resolved) -> None:
         resolved.exts, resolved.new = table.plan(resolved.strs)
 
 
-def live_vids(state: State, exts: np.ndarray) -> np.ndarray:
-    """vids of the live records among ``exts`` (-1 for others, str ids never seen included)."""
-    vids = np.full(exts.shape[0], -1, dtype=np.int64)
-    known = exts >= 0
-    vids[known] = state.idmap.live_vids(exts[known])
-    return vids
-
-
 def to_user(state: State, exts: np.ndarray) -> np.ndarray:
     """Internal ids as the caller's: int64 as they are (-1 padding), or an object array of
     str (None padding) in a str-id index."""

@@ -16,7 +16,7 @@ from .build import build_postings
 from .checkpointer import Checkpointer
 from .config import SMALL_SEARCH_QUERIES, IndexConfig, check_metric, record_bytes
 from .engine import Engine
-from .errors import (CorruptionError, IdExistsError, IndexClosedError, InvalidConfigError, InvalidInputError,
+from .errors import (CorruptionError, IdExistsError, IndexClosedError, InvalidInputError,
                      UnknownIdError, preview)
 from .filters import Filter, compile_filter, decode_metadata
 from .heads import METRIC_CODES, HeadGraph
@@ -127,8 +127,8 @@ class Index:
         validation.same_length(exts, x)
         metas = payloads.encode_metadata(metadata, x.shape[0], cfg.max_metadata_bytes)
         docs = payloads.encode_documents(documents, x.shape[0], cfg.max_document_bytes)
-        if (metas or docs) and cfg.store == "blocks":
-            raise InvalidConfigError("metadata and documents need store='rocksdb' (or 'memory'), not 'blocks'")
+        if metas is not None or docs is not None:
+            payloads.require_store(cfg.store)
         x = (validation.unit_rows(x, what="vectors") if metric == "cosine"
              else validation.bounded_rows(x, what="vectors"))
         path = os.fspath(path)
@@ -141,12 +141,14 @@ class Index:
                                targets=IOTargets.of(cfg))
             idmap = IdMap(capacity=max(16, x.shape[0]))
             stats: dict = {}
-            if metas is not None or docs is not None:
-                for lo in range(0, x.shape[0], BUILD_PAYLOAD_ROWS):
-                    part = slice(lo, lo + BUILD_PAYLOAD_ROWS)
-                    change = Change(payload=payloads.puts(exts[part], payloads.META, metas and metas[part]))
-                    change.payload.update(payloads.puts(exts[part], payloads.DOC, docs and docs[part]))
-                    store.commit(change, IOClass.BACKGROUND)
+            given = [(kind, values) for kind, values in ((payloads.META, metas), (payloads.DOC, docs))
+                     if values is not None]  # a new store: nothing to delete for the others
+            for lo in range(0, x.shape[0] if given else 0, BUILD_PAYLOAD_ROWS):
+                part = slice(lo, lo + BUILD_PAYLOAD_ROWS)
+                change = Change()
+                for kind, values in given:
+                    change.payload.update(payloads.puts(exts[part], kind, values[part]))
+                store.commit(change, IOClass.BACKGROUND)
             if x.shape[0]:
                 with _Threads(cfg.build_threads):
                     built = build_postings(x, np.arange(x.shape[0], dtype=np.int64), cfg, enabled(progress))
@@ -407,9 +409,8 @@ class Index:
         n = len(resolved)
         metas = payloads.encode_metadata(metadata, n, self.config.max_metadata_bytes)
         docs = payloads.encode_documents(documents, n, self.config.max_document_bytes)
-        if (metas is not None or docs is not None) and not getattr(eng.store, "supports_payload", False):
-            raise InvalidConfigError(f"metadata and documents need store='rocksdb' (or 'memory'), "
-                                     f"not {self.config.store!r}")
+        if metas is not None or docs is not None:
+            payloads.require_store(self.config.store)
         if n == 0:
             return
         started = time.perf_counter()
@@ -460,9 +461,8 @@ class Index:
             self._check_open()
             if f is not None:
                 with eng.readers.reading():
-                    vids = np.flatnonzero(filtered.plan(eng.state, f).allowed)
+                    vids = np.flatnonzero(self._plans.get(eng.state, f).allowed)
                 exts = eng.state.idmap.vid2ext[vids]
-            exts = exts[exts >= 0]  # str ids never seen
             planned = writes.plan_delete(eng.state, exts)
             if planned is None:
                 return 0
@@ -519,7 +519,7 @@ class Index:
         eng = self._engine
         idm = eng.state.idmap
         with eng.readers.search(), eng.readers.reading():
-            vids = idkinds.live_vids(eng.state, exts)
+            vids = idm.live_vids(exts)
             found = vids >= 0
             out = np.zeros((exts.shape[0], self.dim), dtype=np.float32)
             if not found.any():
@@ -553,14 +553,13 @@ class Index:
         n = len(resolved)
         rows = [metadata] * n if isinstance(metadata, dict) else metadata
         given = payloads.encode_metadata(rows, n, self.config.max_metadata_bytes)
-        if not getattr(eng.store, "supports_payload", False):
-            raise InvalidConfigError(f"metadata needs store='rocksdb' (or 'memory'), not {self.config.store!r}")
+        payloads.require_store(self.config.store)
         if n == 0:
             return
         started = time.perf_counter()
         with eng.lock:
             self._check_open()
-            vids = idkinds.live_vids(eng.state, resolved.exts)
+            vids = eng.state.idmap.live_vids(resolved.exts)
             if (vids < 0).any():
                 missing = resolved.user(vids < 0)
                 raise UnknownIdError(f"set_metadata: ids not in the index: {preview(missing)}", missing)
@@ -582,7 +581,7 @@ class Index:
             return len(self)
         f = compile_filter(filter)
         with self._engine.readers.reading():
-            return filtered.plan(self._engine.state, f).matches
+            return self._plans.get(self._engine.state, f).matches
 
     def scroll(self, filter: Any = None, *, batch: int = 1000, include: Any = (),
                cursor: int | None = None) -> Iterator[ScrollPage]:
@@ -606,7 +605,7 @@ class Index:
                 if f is None:
                     live = (idm.versions[start:n] & DELETED) == 0
                 else:
-                    live = filtered.plan(eng.state, f).allowed[start:n]
+                    live = self._plans.get(eng.state, f).allowed[start:n]
                 vids = start + np.flatnonzero(live)[:batch]
                 exts = idm.vid2ext[vids]
             more = vids.shape[0] == batch and bool(live[vids[-1] - start + 1:].any())

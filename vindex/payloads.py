@@ -9,17 +9,25 @@ travels in the log record, so that replay rebuilds the in-memory payload index (
 from __future__ import annotations
 
 import struct
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .errors import InvalidInputError, LengthMismatchError, PayloadTooLargeError
+from .errors import InvalidConfigError, InvalidInputError, LengthMismatchError, PayloadTooLargeError
 from .filters import check_metadata, decode_metadata
 
 _KEY = struct.Struct(">QB")
 META, DOC = 0, 1
 #: What ``include`` may name.
 INCLUDABLE = ("metadata", "documents", "vectors")
+#: The stores that keep metadata and documents (the block store does not).
+STORES = ("rocksdb", "memory")
+
+
+def require_store(store: str) -> None:
+    """Raise unless an index on ``store`` keeps metadata and documents."""
+    if store not in STORES:
+        raise InvalidConfigError(f"metadata and documents need store='rocksdb' (or 'memory'), not {store!r}")
 
 
 def key(ext: int, kind: int) -> bytes:
@@ -51,42 +59,39 @@ def _per_row(values: Any, n: int, what: str) -> list:
     return values
 
 
-def encode_metadata(metadata: Any, n: int, max_bytes: int) -> list[bytes | None] | None:
-    """Each row's metadata as compact JSON (None: no metadata); None when ``metadata`` is."""
-    if metadata is None:
+def _encode_rows(values: Any, n: int, what: str, encode: Callable[[Any], bytes]) -> list[bytes | None] | None:
+    """``encode`` of each row's value (None stays None); None when ``values`` is. An error
+    names the row: ``what[i]: ...``."""
+    if values is None:
         return None
     out: list[bytes | None] = []
-    for i, meta in enumerate(_per_row(metadata, n, "metadata")):
-        if meta is None:
-            out.append(None)
-            continue
+    for i, value in enumerate(_per_row(values, n, what)):
         try:
-            out.append(check_metadata(meta, max_bytes))
+            out.append(None if value is None else encode(value))
         except InvalidInputError as exc:
-            raise type(exc)(f"metadata[{i}]: {exc}") from None
+            raise type(exc)(f"{what}[{i}]: {exc}") from None
     return out
+
+
+def encode_metadata(metadata: Any, n: int, max_bytes: int) -> list[bytes | None] | None:
+    """Each row's metadata as compact JSON (None: no metadata); None when ``metadata`` is."""
+    return _encode_rows(metadata, n, "metadata", lambda meta: check_metadata(meta, max_bytes))
 
 
 def encode_documents(documents: Any, n: int, max_bytes: int) -> list[bytes | None] | None:
     """Each row's document as UTF-8 (None: no document); None when ``documents`` is."""
-    if documents is None:
-        return None
-    out: list[bytes | None] = []
-    for i, doc in enumerate(_per_row(documents, n, "documents")):
-        if doc is None:
-            out.append(None)
-            continue
+    def encode(doc: Any) -> bytes:
         if not isinstance(doc, str):
-            raise InvalidInputError(f"documents[{i}]: expected a str or None, got {type(doc).__name__}")
+            raise InvalidInputError(f"expected a str or None, got {type(doc).__name__}")
         try:
             raw = doc.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise InvalidInputError(f"documents[{i}]: not valid UTF-8 text ({exc.reason})") from None
+            raise InvalidInputError(f"not valid UTF-8 text ({exc.reason})") from None
         if len(raw) > max_bytes:
-            raise PayloadTooLargeError(
-                f"documents[{i}]: {len(raw)} bytes of UTF-8, over the limit of {max_bytes} (max_document_bytes)")
-        out.append(raw)
-    return out
+            raise PayloadTooLargeError(f"{len(raw)} bytes of UTF-8, over the limit of {max_bytes} (max_document_bytes)")
+        return raw
+
+    return _encode_rows(documents, n, "documents", encode)
 
 
 def pack(values: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:

@@ -61,7 +61,7 @@ class Change:
     drops: list[int] = field(default_factory=list)            # postings to delete
     log: bytes | None = None                                  # operation-log record
     # metadata and documents (``payload`` keys): a value to put, or None to delete the key;
-    # only stores with ``supports_payload`` take them
+    # (the RocksDB and memory stores take them; see ``payloads.STORES``)
     payload: dict[bytes, bytes | None] = field(default_factory=dict)
     # called between the pieces of a large write, GIL released while it waits: the engine
     # lets running searches finish there (see ``Engine.yield_to_searches``)

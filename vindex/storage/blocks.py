@@ -73,7 +73,7 @@ import numpy as np
 
 from vindex import native  # its kernels load on first use: numba loads when the store first reads or writes data
 
-from ..errors import CorruptionError, IndexLockedError, InvalidConfigError, StorageError
+from ..errors import CorruptionError, IndexLockedError, StorageError
 from ..iosched import CLASSES, IOScheduler, IOTargets, check_mode
 from ..readers import Readers
 from .allocator import allocate
@@ -230,13 +230,8 @@ class BlockStore:
             self._data.advise(table[:, 0], table[:, 2])
 
     # --- commits ------------------------------------------------------------------------------
-    #: Metadata and documents are kept by the RocksDB and memory stores only.
-    supports_payload = False
-
     def commit(self, change: Change, io: IOClass) -> int:
         """Apply ``change`` atomically; returns its log sequence number (0 without a log)."""
-        if change.payload:
-            raise InvalidConfigError(f"block store {self.path}: metadata and documents need store='rocksdb'")
         with self._write_lock:
             self._check_open()
             work, released = plan(change, self._map, self._tails, self.record_size)

@@ -24,8 +24,6 @@ class MemoryStore:
         self._payload: dict[bytes, bytes] = {}
         self.reads = 0
 
-    supports_payload = True
-
     def read_payload(self, keys: list[bytes]) -> list[bytes | None]:
         with self._lock:
             return [self._payload.get(k) for k in keys]

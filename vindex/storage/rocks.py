@@ -785,8 +785,6 @@ class RocksStore:
         self._cf["postings"].flush()
         self._cf["pdir"].flush()
 
-    supports_payload = True
-
     def read_payload(self, keys: list[bytes]) -> list[bytes | None]:
         """Values of payload ``keys`` (None where a key has none)."""
         if not keys:
