@@ -134,10 +134,19 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     from vindex.vecfiles import open_vectors
 
+    try:
+        where = None if args.filter is None else json.loads(args.filter)
+    except json.JSONDecodeError as e:
+        print(f"vindex: --filter is not JSON: {e}", file=sys.stderr)
+        return 2
     with _client(args) as client:
         col = client.collection(args.name)
         if args.id is not None:
-            x, found = col.get([args.id])
+            key = args.id if col.id_type == "str" else _int_id(args.id)
+            if key is None:
+                print(f"vindex: collection {args.name!r} has integer ids; --id {args.id!r} is not one", file=sys.stderr)
+                return 2
+            x, found = col.get([key])
             if not found[0]:
                 print(f"vindex: id {args.id} is not in collection {args.name!r}", file=sys.stderr)
                 return 1
@@ -150,15 +159,29 @@ def cmd_query(args: argparse.Namespace) -> int:
             labels = [f"{args.file} row {r}" for r in range(lo_i, lo_i + queries.shape[0])]
         params = {} if args.max_postings is None else {"max_postings": args.max_postings}
         t0 = time.perf_counter()
-        res = col.search(queries, args.k, **params)
+        res = col.search(queries, args.k, filter=where, include=["documents"], **params)
         ms = (time.perf_counter() - t0) * 1e3
-        for label, ids, dists in zip(labels, res.ids, res.distances):
+        for label, ids, dists, docs in zip(labels, res.ids, res.distances, res.documents):
             print(f"{label}:")
-            for rank, (i, d) in enumerate(zip(ids, dists), 1):
-                if i >= 0:
-                    print(f"  {rank:>3}  id {i:<12} distance {d:.4f}")
+            for rank, (i, d, doc) in enumerate(zip(ids, dists, docs), 1):
+                if i is not None and not (isinstance(i, (int, np.integer)) and i < 0):
+                    text = "" if doc is None else "  " + _shorten(doc, 80)
+                    print(f"  {rank:>3}  id {str(i):<12} distance {d:.4f}{text}")
         print(f"({queries.shape[0]} quer{'y' if queries.shape[0] == 1 else 'ies'}, k={args.k}, {ms:.1f} ms)")
     return 0
+
+
+def _int_id(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _shorten(text: str, width: int) -> str:
+    """``text`` on one line, cut to ``width`` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[:width - 1] + "…"
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -285,12 +308,13 @@ def parser() -> argparse.ArgumentParser:
     q = client_parser("query", "search a collection")
     q.add_argument("name")
     src = q.add_mutually_exclusive_group(required=True)
-    src.add_argument("--id", type=int, help="use this stored vector as the query")
+    src.add_argument("--id", help="use this stored vector (an int or str id) as the query")
     src.add_argument("--file", help="take queries from this vector file")
     q.add_argument("--rows", default="0", help="rows of --file: R or LO:HI (default 0)")
     q.add_argument("--key", default="test", help="array name in an .hdf5 file")
     q.add_argument("-k", type=int, default=10)
     q.add_argument("--max-postings", type=int, default=None)
+    q.add_argument("--filter", default=None, help='a metadata filter as JSON, e.g. \'{"topic": "Arts"}\'')
     q.set_defaults(func=cmd_query)
 
     st = client_parser("stats", "print a collection's statistics as JSON")

@@ -131,9 +131,10 @@ class Collections:
             return sorted(n for n, e in self._entries.items() if not e.dropping)
 
     def create(self, name: str, *, dim: int, metric: str, config: dict, if_not_exists: bool = False,
-               vectors: Any = None, id_type: str | None = None) -> vindex.Index:
+               vectors: Any = None, id_type: str | None = None, metadata: Any = None,
+               documents: Any = None) -> vindex.Index:
         """Create collection ``name``: empty (of ``id_type`` ids, None: fixed by the first write),
-        or bulk-built over ``vectors`` (ids 0..n-1)."""
+        or bulk-built over ``vectors`` (ids 0..n-1), with their ``metadata`` and ``documents`` if given."""
         check_name(name)
         if config.get("store", "rocksdb") != "rocksdb":
             raise errors.InvalidConfigError(
@@ -166,7 +167,8 @@ class Collections:
             settings = {**self._runtime, **config}
             index = self._opened(vindex.Index.create(path, dim=dim, metric=metric, id_type=id_type, **settings)
                                  if vectors is None
-                                 else vindex.Index.build(path, vectors, metric=metric, **settings))
+                                 else vindex.Index.build(path, vectors, metric=metric, metadata=metadata,
+                                                         documents=documents, **settings))
         except BaseException:
             with self._cond:
                 del self._entries[name]

@@ -45,5 +45,18 @@ def load_sample(collections: "Collections", name: str) -> str:
     metric = "l2" if str(data["metric"]).startswith("l2") else "cosine"
     base = data["base"]
     log.info("loading sample collection %r: %d x %d %s vectors", name, base.shape[0], base.shape[1], metric)
-    collections.create(name, dim=base.shape[1], metric=metric, config={}, vectors=base)
+    metadata, documents = sample_payload(data)
+    collections.create(name, dim=base.shape[1], metric=metric, config={}, vectors=base, metadata=metadata,
+                       documents=documents)
     return name
+
+
+def sample_payload(data: dict) -> tuple[list[dict] | None, list[str] | None]:
+    """``(metadata, documents)`` of a bundled set's base rows: for wiki, each row's article title
+    as its document and ``{"topic": name, "chunk": n}`` (the article's topic, and which chunk of
+    its summary the row embeds) as its metadata; ``(None, None)`` for sets without text."""
+    if "base_title" not in data:
+        return None, None
+    topics = data["topic_names"][data["base_topic"]]
+    metadata = [{"topic": str(t), "chunk": int(c)} for t, c in zip(topics, data["base_chunk"])]
+    return metadata, [str(t) for t in data["base_title"]]

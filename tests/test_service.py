@@ -1189,6 +1189,39 @@ def test_cli(server, client, tmp_path, capsys):
     assert rc == 2 and "CollectionNotFoundError" in err
 
 
+def test_cli_query_str_ids_filter_and_documents(server, client, capsys):
+    """``vindex query`` takes a str id, a JSON filter, and prints each result's document."""
+    s = ("--server", server.target)
+    col = client.create_collection("cli-docs", dim=4, metric="cosine", id_type="str")
+    col.upsert(["a", "b", "c"], np.eye(4)[:3] + 0.1, metadata=[{"t": "x"}, {"t": "y"}, {"t": "x"}],
+               documents=["alpha text", "beta\ntext", "gamma"])
+    rc, out, _ = run_cli(capsys, "query", "cli-docs", "--id", "a", "-k", "3", *s)
+    assert rc == 0 and "id a " in out and "alpha text" in out and "beta text" in out  # one line each
+    rc, out, _ = run_cli(capsys, "query", "cli-docs", "--id", "a", "--filter", '{"t": "y"}', *s)
+    assert rc == 0 and "id b " in out and "id a " not in out and "id c " not in out
+    rc, _, err = run_cli(capsys, "query", "cli-docs", "--id", "a", "--filter", "{t:", *s)
+    assert rc == 2 and "--filter is not JSON" in err
+    rc, _, err = run_cli(capsys, "query", "cli-docs", "--id", "a", "--filter", '{"t": {"$bad": 1}}', *s)
+    assert rc == 2 and "FilterError" in err
+    assert run_cli(capsys, "query", "cli-docs", "--id", "zz", *s)[0] == 1
+    client.create_collection("cli-ints", dim=4).upsert([7], np.ones((1, 4)))
+    rc, _, err = run_cli(capsys, "query", "cli-ints", "--id", "seven", *s)
+    assert rc == 2 and "integer ids" in err
+
+
+def test_wiki_sample_payload():
+    """The wiki sample carries each row's title as its document and its topic as metadata."""
+    from vindex.service.sample import load_npz, sample_payload
+
+    data = load_npz("wiki")
+    metadata, documents = sample_payload(data)
+    assert len(metadata) == len(documents) == data["base"].shape[0]
+    assert documents[0] == str(data["base_title"][0]) and isinstance(documents[0], str)
+    assert metadata[0] == {"topic": str(data["topic_names"][data["base_topic"][0]]), "chunk": int(data["base_chunk"][0])}
+    assert {m["topic"] for m in metadata} <= set(map(str, data["topic_names"]))
+    assert sample_payload(load_npz("bigann")) == (None, None)
+
+
 def test_cli_console_script(server, client):
     """The installed ``vindex`` script, and a clear error when no server answers."""
     client.create_collection("script", dim=3)
