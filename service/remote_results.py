@@ -6,7 +6,7 @@ unchanged against a server.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -59,17 +59,13 @@ def get_result(res: Any, include: list[str]) -> Any:
     return results.GetResult(x, found, fields)
 
 
-def scroll_pages(fetch: Callable[[str], Any], include: list[str], token: str = "") -> Iterator[Any]:
-    """Pages from ``fetch(page_token)`` until one has no next page token."""
-    while True:
-        res = fetch(token)
-        ids = _ids(res, (-1,))
-        if res.id_type == "str":
-            ids = list(ids)
-        n = len(ids)
-        if n == 0 and not res.next_page_token:
-            return
-        token = res.next_page_token
-        yield results.ScrollPage(ids, int(token) if token else None, _included(res, include, n))
-        if not token:
-            return
+def scroll_page(res: Any, include: list[str]) -> tuple[Any, str | None]:
+    """A ``Scroll`` response as ``(page, next page token)``: the page is None when it holds no
+    records and is the last, the token None after the last page."""
+    ids = _ids(res, (-1,))
+    if res.id_type == "str":
+        ids = list(ids)
+    n, token = len(ids), res.next_page_token or None
+    if n == 0 and token is None:
+        return None, None
+    return results.ScrollPage(ids, None if token is None else int(token), _included(res, include, n)), token

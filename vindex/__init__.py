@@ -36,11 +36,16 @@ def __getattr__(name: str):
         from vindex.service import client, status
 
         return {"Client": client.Client, "Collection": client.Collection, "ServiceError": status.ServiceError}[name]
+    if name in ("AsyncClient", "AsyncCollection"):
+        from vindex.service import aio_client
+
+        return getattr(aio_client, name)
     raise AttributeError(f"module 'vindex' has no attribute {name!r}")
 
 
 __all__ = [
-    "Index", "Client", "Collection", "ServiceError", "IndexConfig", "SearchResult", "warmup", "freeze_heap",
+    "Index", "Client", "Collection", "AsyncClient", "AsyncCollection", "ServiceError", "IndexConfig", "SearchResult",
+    "warmup", "freeze_heap",
     "VindexError", "InvalidInputError", "DimensionError", "NonFiniteError", "InvalidKError",
     "InvalidIdError", "LengthMismatchError", "DuplicateIdError", "IdExistsError", "IndexNotFoundError",
     "NotAnIndexError", "IndexExistsError", "IndexLockedError", "InvalidConfigError", "IndexClosedError",
