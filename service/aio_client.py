@@ -22,16 +22,15 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from . import methods
-from .calls import asynchronous, with_methods
-from .channels import ClientBase
-from .methods import CollectionBase
+from .calls import asynchronous
+from .methods import ClientMethods, CollectionMethods
 
 
-@with_methods(methods.COLLECTION_METHODS, asynchronous)
-class AsyncCollection(CollectionBase):
+class AsyncCollection(CollectionMethods):
     """One collection on the server, with the :class:`vindex.Index` API as coroutines: the
-    methods of ``methods.COLLECTION_METHODS`` (search, upsert, add, get, count, scroll, delete, ...)."""
+    methods of ``CollectionMethods`` (search, upsert, add, get, count, scroll, delete, ...)."""
+
+    _method = staticmethod(asynchronous)
 
     @property
     def id_type(self) -> str | None:
@@ -40,15 +39,14 @@ class AsyncCollection(CollectionBase):
         return self._id_type
 
 
-@with_methods(methods.CLIENT_METHODS, asynchronous)
-class AsyncClient(ClientBase):
+class AsyncClient(ClientMethods):
     """A ``grpc.aio`` connection to a vindex server at ``target`` (``host:port``), with the
     options of :class:`vindex.Client` (``timeout``, ``api_key``, ``tls_*``, ``credentials``).
     Use it as ``async with AsyncClient(...) as client`` or ``await client.close()``."""
 
     _grpc = grpc.aio
+    _method = staticmethod(asynchronous)
     _collection_type = AsyncCollection
-
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until the server's health check reports SERVING (watching it: no polling)."""

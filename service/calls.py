@@ -4,16 +4,17 @@ Each method of the clients is written once (``service/methods.py``) as a functio
 its arguments and returns what to send: a :class:`Call` (one unary RPC and how its response
 reads as the result), :class:`Pages` (a ``Scroll`` call per page) or :class:`UpsertStream`.
 Each of those runs on a :class:`Connection` either way: ``run`` blocks, ``run_async`` awaits.
-:func:`blocking` and :func:`asynchronous` make client methods of such a function (:func:`with_methods`
-adds them to a class), so both clients share every signature, docstring, check, message and
-result type.
+Such functions are marked :class:`client_method` in a :class:`MethodsBase` class, and each
+client class turns them into methods with :func:`blocking` or :func:`asynchronous`, so both
+clients share every signature, docstring, check, message and result type.
 """
 from __future__ import annotations
 
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, AsyncIterable, AsyncIterator, Callable, Generic, Iterable, Iterator, TypeVar
+from typing import (Any, AsyncIterable, AsyncIterator, Callable, Concatenate, Generic, Iterable, Iterator, ParamSpec,
+                    TypeVar)
 
 import grpc
 
@@ -181,7 +182,7 @@ def blocking(build: Callable[..., Any]) -> Callable[..., Any]:
     return _as_method(method, build, False)
 
 
-def awaiting(build: Callable[..., Any]) -> Callable[..., Any]:
+def _awaiting(build: Callable[..., Any]) -> Callable[..., Any]:
     """An ``AsyncClient`` coroutine method: awaits ``build``'s call and returns its result."""
     async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         return await build(self, *args, **kwargs).run_async(self._connection)
@@ -200,13 +201,39 @@ def asynchronous(build: Callable[..., Any]) -> Callable[..., Any]:
     """An ``AsyncClient`` method: a coroutine, or for a call of many responses (scroll pages,
     stream acknowledgements) a method returning an async iterator over them."""
     many = str(inspect.signature(build).return_annotation) in ("Pages", "UpsertStream")
-    return (_iterating if many else awaiting)(build)
+    return (_iterating if many else _awaiting)(build)
 
 
-def with_methods(builds: Iterable[Callable[..., Any]], make: Callable[[Callable], Callable]) -> Callable[[type], type]:
-    """A class decorator adding ``make(build)`` as the method named as each of ``builds``."""
-    def add(cls: type) -> type:
-        for build in builds:
-            setattr(cls, build.__name__, make(build))
-        return cls
-    return add
+P = ParamSpec("P")
+
+
+class client_method(Generic[P, T]):  # noqa: N801 (used as a decorator, like property)
+    """Marks a function of a :class:`MethodsBase` class that checks its arguments and returns
+    the call to make: each subclass replaces it with a method running that call its way."""
+
+    def __init__(self, build: Callable[Concatenate[Any, P], T]):
+        self.build = build
+        functools.update_wrapper(self, build)  # type: ignore[arg-type]
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Callable[P, Any]:
+        # reached only on the shared base classes (client classes hold the methods): the
+        # function itself, returning its call
+        return self.build.__get__(obj, owner)
+
+
+class MethodsBase:
+    """A class whose :class:`client_method` functions become, in each subclass that sets
+    ``_method`` (:func:`blocking` or :func:`asynchronous`), methods that run their calls."""
+
+    _method: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        make = vars(cls).get("_method")
+        if make is None:
+            return
+        make = make.__func__ if isinstance(make, staticmethod) else make
+        for name in dir(cls):
+            attr = inspect.getattr_static(cls, name)
+            if isinstance(attr, client_method):
+                setattr(cls, name, make(attr.build))

@@ -20,16 +20,15 @@ from typing import Any
 
 import grpc
 
-from . import methods
-from .calls import blocking, with_methods
-from .channels import ClientBase
-from .methods import CollectionBase
+from .calls import blocking
+from .methods import ClientMethods, CollectionMethods
 
 
-@with_methods(methods.COLLECTION_METHODS, blocking)
-class Collection(CollectionBase):
+class Collection(CollectionMethods):
     """One collection on the server, with the :class:`vindex.Index` API: the methods of
-    ``methods.COLLECTION_METHODS`` (search, upsert, add, get, count, scroll, delete, ...)."""
+    ``CollectionMethods`` (search, upsert, add, get, count, scroll, delete, ...)."""
+
+    _method = staticmethod(blocking)
 
     @property
     def id_type(self) -> str | None:
@@ -42,8 +41,7 @@ class Collection(CollectionBase):
         return int(self._client._describe(self.name).count)
 
 
-@with_methods(methods.CLIENT_METHODS, blocking)
-class Client(ClientBase):
+class Client(ClientMethods):
     """A connection to a vindex server at ``target`` (``host:port``).
 
     ``timeout`` (seconds) is the deadline of every call; ``None`` waits as long as needed.
@@ -54,9 +52,8 @@ class Client(ClientBase):
     """
 
     _grpc = grpc
+    _method = staticmethod(blocking)
     _collection_type = Collection
-
-    _describe = blocking(methods.describe)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until the server's health check reports SERVING."""

@@ -23,7 +23,8 @@ from test_service import InProcessServer
 from vindex.results import GetResult, ScrollPage, SearchResult
 from vindex.service.aio_client import AsyncClient, AsyncCollection
 from vindex.service.client import Client, Collection
-from vindex.service.methods import COLLECTION_METHODS
+from vindex.service.calls import client_method
+from vindex.service.methods import CollectionMethods
 from vindex.service.status import ServiceError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,8 +121,9 @@ def view(value):
         return ("raised", type(value).__name__, str(value), view(getattr(value, "ids", None)),
                 getattr(getattr(value, "code", None), "name", None))
     if isinstance(value, (SearchResult, GetResult)):
+        # a search's work counts depend on background rebalancing: only which ones it reports
         return (type(value).__name__, [view(v) for v in value], view(value.included),
-                view(getattr(value, "stats", None)))
+                sorted(getattr(value, "stats", {})))
     if isinstance(value, ScrollPage):
         return ("page", view(value.ids), value.cursor, view(value.included))
     if isinstance(value, (Collection, AsyncCollection)):
@@ -217,7 +219,8 @@ def test_same_results_and_errors(served, subject, steps):
 
 def test_the_tables_cover_every_method():
     collection = {n for n in public(Collection) if callable(getattr(Collection, n))}
-    assert collection == {m.__name__ for m in COLLECTION_METHODS}
+    assert collection == {n for n in public(CollectionMethods)
+                          if isinstance(inspect.getattr_static(CollectionMethods, n), client_method)}
     assert collection <= {s[0] for s in COLLECTION_STEPS}
     client = {n for n in public(Client) if callable(getattr(Client, n))}
     assert client - {"close"} <= {s[0] for s in CLIENT_STEPS}
