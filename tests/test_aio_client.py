@@ -20,6 +20,7 @@ from google.protobuf import json_format
 
 import vindex
 from test_service import InProcessServer
+from test_tenants import certs  # noqa: F401  (the fixture)
 from vindex.results import GetResult, ScrollPage, SearchResult
 from vindex.service.aio_client import AsyncClient, AsyncCollection
 from vindex.service.client import Client, Collection
@@ -327,6 +328,34 @@ def test_api_keys(tmp_path):
             assert asyncio.run(calls(key)) == want, key
         assert want[0] == ["docs"] and want[1][0] == "collection" and want[2][4] == "PERMISSION_DENIED"
         assert asyncio.run(calls(None))[0][4] == "UNAUTHENTICATED"
+    finally:
+        srv.stop()
+
+
+def test_mutual_tls(certs, tmp_path):  # noqa: F811
+    srv = InProcessServer(tmp_path / "data", tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key"),
+                          tls_client_ca=str(certs / "ca.pem"))
+    options = [dict(tls_root_cert=str(certs / "ca.pem"), tls_client_cert=str(certs / "client.pem"),
+                    tls_client_key=(certs / "client.key").read_bytes(), timeout=30),
+               dict(tls_root_cert=str(certs / "ca.pem"), timeout=5),    # no client certificate: no handshake
+               dict(timeout=5)]                                         # plaintext to a TLS port
+
+    async def listed(kwargs):
+        async with AsyncClient(srv.target, **kwargs) as client:
+            try:
+                return view(await client.list_collections())
+            except ServiceError as e:  # the transport's message varies: class and code
+                return type(e).__name__, e.code.name
+    try:
+        assert srv.ready.wait(60), srv.error
+        for kwargs in options:
+            with Client(srv.target, **kwargs) as client:
+                try:
+                    want = view(client.list_collections())
+                except ServiceError as e:
+                    want = type(e).__name__, e.code.name
+            assert asyncio.run(listed(kwargs)) == want
+        assert asyncio.run(listed(options[0])) == [] and want == ("ServiceError", "UNAVAILABLE")
     finally:
         srv.stop()
 
