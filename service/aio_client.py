@@ -38,6 +38,10 @@ class AsyncCollection(CollectionMethods):
         this handle has fixed it (``await client.collection(name)`` asks the server again)."""
         return self._id_type
 
+    def __len__(self) -> int:
+        # len() cannot await the server
+        raise TypeError("len() of an AsyncCollection: use await collection.count()")
+
 
 class AsyncClient(ClientMethods):
     """A ``grpc.aio`` connection to a vindex server at ``target`` (``host:port``), with the

@@ -11,7 +11,9 @@
 A :class:`Collection` has the names, arguments, return types and exceptions of
 :class:`vindex.Index`, so a pipeline moves between embedded and remote by changing the line that
 opens it. Failed calls raise the library's exceptions (``DimensionError``, ``IdExistsError``,
-...); transport failures raise :class:`ServiceError` carrying the gRPC status code.
+...); transport failures raise :class:`ServiceError` carrying the gRPC status code. The methods are
+written once in ``service/methods.py``; :class:`vindex.AsyncClient` runs the same ones as
+coroutines.
 """
 from __future__ import annotations
 

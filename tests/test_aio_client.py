@@ -277,6 +277,8 @@ def test_upsert_stream_takes_async_batches_and_fixes_the_id_type(served):
         async with AsyncClient(served.target) as client:
             col = await client.create_collection("streamed", dim=DIM)
             assert col.id_type is None
+            with pytest.raises(TypeError, match=r"use await collection.count\(\)"):
+                len(col)
 
             async def batches():
                 for lo in range(0, N, 16):
