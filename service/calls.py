@@ -115,11 +115,9 @@ class UpsertStream:
         except Exception as e:
             self._failed.append(e)
 
-    def _error(self, e: grpc.RpcError | None) -> Exception | None:
-        """What the call raises: the batch that failed to build, else the call's error."""
-        if self._failed:
-            return self._failed[0]
-        return None if e is None else to_exception(e)
+    def _error(self, e: grpc.RpcError) -> Exception:
+        """What a failed call raises: the batch that failed to build, else the call's error."""
+        return self._failed[0] if self._failed else to_exception(e)
 
     def run(self, conn: Connection) -> Iterator[pb.UpsertAck]:
         try:
