@@ -284,3 +284,18 @@ def test_remote_store_filters_mmr_and_async(client):
         assert "lc_remote" in client.list_collections()  # closing the store leaves the collection
     finally:
         client.drop_collection("lc_remote")
+
+
+def test_overhead_benchmark_runs_on_a_small_index(tmp_path):
+    from bench.langchain_overhead import PrecomputedEmbeddings, compare
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(500, 8)).astype(np.float32)
+    vindex.Index.build(tmp_path / "small", x, [f"r{i}" for i in range(500)], documents=[f"d{i}" for i in range(500)],
+                       metric="l2").close()
+    queries = x[:20] + 0.01
+    with VindexVectorStore(PrecomputedEmbeddings(queries), path=tmp_path / "small") as store:
+        out = compare(store, queries, passes=2, params={"max_postings": 4})
+        assert store.similarity_search("q3", k=1)[0].page_content == "d3"
+    assert out["queries"] == 20 and len(out["overhead_per_pass"]) == 2
+    assert out["index_search_us"] > 0 and out["store_similarity_search_us"] > 0

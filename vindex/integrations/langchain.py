@@ -46,10 +46,10 @@ RELEVANCE: dict[str, Callable[[float], float]] = {
 def _scored_documents(res: SearchResult) -> list[tuple[Document, float]]:
     """The first query's results as (document, distance), padding dropped; records without a
     document get page_content "" and without metadata {}."""
-    dists = res.distances[0]
-    n = int(np.isfinite(dists).sum())  # padding (+inf) comes last
-    ids, metas, texts = res.ids[0], res.metadata[0], res.documents[0]
-    return [(Document(id=str(ids[j]), page_content=texts[j] or "", metadata=metas[j] or {}), float(dists[j]))
+    dists = res.distances[0].tolist()
+    n = len(dists) - dists.count(math.inf)  # padding (+inf) comes last
+    ids, metas, texts = res.ids[0].tolist(), res.metadata[0], res.documents[0]
+    return [(Document(id=str(ids[j]), page_content=texts[j] or "", metadata=metas[j] or {}), dists[j])
             for j in range(n)]
 
 
