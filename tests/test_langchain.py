@@ -242,6 +242,11 @@ def test_records_without_documents_or_string_ids(tmp_path):
         assert store.similarity_search("xy", k=2) == [Document(id="10", page_content=""),
                                                       Document(id="20", page_content="")]
         assert [d.id for d in store.max_marginal_relevance_search("x", k=1)] == ["10"]
+        # the str ids the documents carry find their records again
+        assert store.get_by_ids(["20", "nope", "-1", "99999999999999999999", "10"]) == [
+            Document(id="20", page_content=""), Document(id="10", page_content="")]
+        store.delete(["10", "nope"])
+        assert [d.id for d in store.similarity_search("x", k=3)] == ["20", "30"]
 
 
 def test_bad_input_is_refused_with_a_clear_message(tmp_path):

@@ -53,6 +53,16 @@ def _scored_documents(res: SearchResult) -> list[tuple[Document, float]]:
             for j in range(n)]
 
 
+def _stored_ids(records: Any, ids: Sequence[str]) -> list:
+    """``ids`` once each, in order, as the records' kind: in an index of int ids (one written
+    without LangChain, whose documents carry the int as a str) the decimal strings as ints,
+    others dropped since no record can have them."""
+    wanted = list(dict.fromkeys(ids))  # vindex refuses repeated ids in one call
+    if records.id_type != "int":
+        return wanted
+    return [int(i) for i in wanted if isinstance(i, str) and i.isascii() and i.isdigit() and int(i) < 1 << 63]
+
+
 class VindexVectorStore(VectorStore):
     """A LangChain vector store whose records live in vindex.
 
@@ -152,17 +162,17 @@ class VindexVectorStore(VectorStore):
         if ids is None:
             records.delete(filter={} if filter is None else filter)
         else:
-            records.delete(list(dict.fromkeys(ids)))  # vindex refuses repeated ids in one call
+            records.delete(_stored_ids(records, ids))
         return True
 
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         """The stored documents of ``ids``, in that order; ids not stored are skipped."""
         records = self._backing.records
-        wanted = list(dict.fromkeys(ids))
-        if records is None or not wanted:
+        wanted = [] if records is None else _stored_ids(records, ids)
+        if not wanted:
             return []
         got = records.get(wanted, include=PAYLOAD)
-        return [Document(id=i, page_content=got.documents[j] or "", metadata=got.metadata[j] or {})
+        return [Document(id=str(i), page_content=got.documents[j] or "", metadata=got.metadata[j] or {})
                 for j, i in enumerate(wanted) if got.found[j]]
 
     # --- searches -------------------------------------------------------------------------
