@@ -266,6 +266,8 @@ def test_bad_input_is_refused_with_a_clear_message(tmp_path):
             store.add_texts(["x"], colour="red")
         with pytest.raises(vindex.InvalidInputError, match="metadata"):
             store.add_texts(["x"], [{"bad": float("nan")}])
+        with pytest.raises(vindex.InvalidInputError, match="batch_size: expected an integer"):
+            store.add_texts(["x"], batch_size=-1)
         with pytest.raises(vindex.DuplicateIdError):
             store.add_texts(["x", "y"], ids=["1", "1"])
         with pytest.raises(TypeError, match="not both"):

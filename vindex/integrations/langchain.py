@@ -21,6 +21,7 @@ from langchain_core.vectorstores.utils import maximal_marginal_relevance
 
 from vindex.errors import LengthMismatchError
 from vindex.results import SearchResult
+from vindex.validation import positive_int
 
 from .backing import Backing
 
@@ -103,7 +104,9 @@ class VindexVectorStore(VectorStore):
     def _rows(texts: list[str], metadatas: list[dict] | None, ids: Sequence[str | None] | None,
               kwargs: dict) -> tuple[list[str], list[dict | None], int]:
         """Ids (uuid4 where none is given), metadata (None for empty) and the batch size, checked."""
-        batch_size = kwargs.pop("batch_size", None) or max(len(texts), 1)
+        batch_size = kwargs.pop("batch_size", None)
+        batch_size = max(len(texts), 1) if batch_size is None else positive_int(batch_size, "batch_size",
+                                                                                upper=1 << 62)
         if kwargs:
             raise TypeError(f"add_texts: unexpected keyword argument(s) {sorted(kwargs)}")
         for name, rows in (("metadatas", metadatas), ("ids", ids)):
@@ -111,7 +114,7 @@ class VindexVectorStore(VectorStore):
                 raise LengthMismatchError(f"{name}: expected one per text ({len(texts)}), got {len(rows)}")
         given = ids if ids is not None else [None] * len(texts)
         metas = [m or None for m in metadatas] if metadatas is not None else [None] * len(texts)
-        return [i if i is not None else str(uuid.uuid4()) for i in given], metas, int(batch_size)
+        return [i if i is not None else str(uuid.uuid4()) for i in given], metas, batch_size
 
     def _upsert(self, ids: list[str], vectors: Any, texts: list[str], metas: list[dict | None],
                 batch_size: int) -> list[str]:
