@@ -257,6 +257,14 @@ def test_bad_input_is_refused_with_a_clear_message(tmp_path):
         VindexVectorStore(emb, metric="hamming")
     with pytest.raises(vindex.InvalidConfigError, match="unknown config parameter"):
         VindexVectorStore(emb, max_posting=3)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")
+    with pytest.raises(vindex.NotAnIndexError, match="is not a vindex index"):
+        VindexVectorStore(emb, path=tmp_path / "notes")
+    (tmp_path / "empty").mkdir()
+    with VindexVectorStore(emb, path=tmp_path / "empty") as store:  # an empty folder is a new index
+        store.add_texts(["x"], ids=["1"])
+        assert store.index.path == os.fspath(tmp_path / "empty")
     with VindexVectorStore(emb) as store:
         with pytest.raises(vindex.LengthMismatchError, match="metadatas: expected one per text"):
             store.add_texts(["x", "y"], [{}])

@@ -1,8 +1,9 @@
 """The records behind an integration's store: an embedded ``vindex.Index`` or a ``vindex.Client``
 collection, with the life cycle the stores share.
 
-An embedded index at ``path`` is opened if it exists and otherwise created on the first write,
-once the embedding's dimension is known, with string ids. Without a path the index lives in a
+An embedded index at ``path`` is opened if the path holds anything (what is not an index raises
+``NotAnIndexError`` there and then); a missing path or an empty folder becomes an index on the
+first write, once the embedding's dimension is known, with string ids. Without a path the index lives in a
 temporary directory that is removed when the store is closed or garbage collected.
 """
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 from vindex.config import IndexConfig, check_metric
 from vindex.errors import IndexClosedError, InvalidConfigError
 from vindex.index import Index
-from vindex.layout import MANIFEST
 
 __all__ = ["Backing"]
 
@@ -65,7 +65,8 @@ class Backing:
             temp_dir, self._path = None, os.fspath(path)
         self._handle = _Handle(None, temp_dir)
         self._finalize = weakref.finalize(owner, _release, self._handle, True)
-        if os.path.exists(os.path.join(self._path, MANIFEST)):
+        if os.path.exists(self._path) and not (os.path.isdir(self._path) and not os.listdir(self._path)):
+            # an index, or something else that Index.open names as not one
             self._handle.records = Index.open(self._path, **self._config)
             self._metric = self._handle.records.metric
         else:
