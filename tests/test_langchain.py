@@ -4,6 +4,7 @@ relevance per metric, MMR, persistence, temporary indexes, records without docum
 from __future__ import annotations
 
 import gc
+import inspect
 import itertools
 import math
 import os
@@ -23,7 +24,7 @@ def _asyncio_marked(cls: type) -> type:
     """Mark the suite's coroutine tests for pytest-asyncio (strict mode)."""
     for name in dir(cls):
         fn = getattr(cls, name)
-        if name.startswith("test_") and getattr(fn, "__code__", None) and fn.__code__.co_flags & 0x80:
+        if name.startswith("test_") and inspect.iscoroutinefunction(fn):
             setattr(cls, name, pytest.mark.asyncio(fn))
     return cls
 
