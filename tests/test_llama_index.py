@@ -13,6 +13,7 @@ import gc
 import hashlib
 import itertools
 import os
+import re
 import socket
 
 import numpy as np
@@ -47,6 +48,11 @@ def offline(monkeypatch):
             raise AssertionError(f"a test tried to reach the network: {address!r}")
         return real(self, address)
     monkeypatch.setattr(socket.socket, "connect", connect)
+
+
+def test_the_network_is_refused():
+    with pytest.raises(AssertionError, match="tried to reach the network"):
+        socket.create_connection(("192.0.2.1", 443), timeout=1)
 
 
 # --- filter translation ------------------------------------------------------------------------------
@@ -459,3 +465,14 @@ def test_vector_store_index_end_to_end(kind, tmp_path, llama_settings, request):
     index.insert_nodes([TextNode(text="volcanoes erupt molten rock", id_="v1", metadata={"topic": "volcanoes"})])
     assert index.as_retriever(similarity_top_k=1).retrieve("molten rock volcanoes")[0].node.node_id == "v1"
     store.close()
+
+
+def test_docs_example_runs(capsys):
+    """docs/integrations.md's LlamaIndex example runs as written."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "integrations.md")) as f:
+        section = f.read().split("## LlamaIndex", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "docs/integrations.md", "exec"), {})
+    assert "wiki-" in capsys.readouterr().out
