@@ -251,6 +251,9 @@ def test_query_filters_doc_ids_and_node_ids(store):
     res = store.query(VectorStoreQuery(query_embedding=q, similarity_top_k=10, node_ids=wanted,
                                        filters=MetadataFilters(filters=[F("page", 9, "!=")])))
     assert res.ids == _brute(nodes, q, 10, lambda n: n.node_id in ("node-7", "node-30"))
+    by_doc = MetadataFilters(filters=[F("ref_doc_id", "doc-3")])  # the source document stays a filterable key
+    res = store.query(VectorStoreQuery(query_embedding=q, similarity_top_k=20, filters=by_doc))
+    assert res.ids == _brute(nodes, q, 20, lambda n: n.ref_doc_id == "doc-3") and len(res.ids) == 10
     nothing = MetadataFilters(filters=[F("src", "nowhere.pdf")])
     assert store.query(VectorStoreQuery(query_embedding=q, similarity_top_k=3, filters=nothing)).ids == []
 
@@ -335,6 +338,8 @@ def test_async_variants(store):
 def test_bad_input(store):
     with pytest.raises(vindex.InvalidInputError, match=r"nodes\[1\] \('b'\) has no embedding; embed nodes"):
         store.add([TextNode(id_="a", text="x", embedding=[0.1] * DIM), TextNode(id_="b", text="y")])
+    with pytest.raises(vindex.InvalidInputError, match=r"nodes\[1\] \('b'\): embedding of length 3, but nodes\[0\] has 8"):
+        store.add([TextNode(id_="a", text="x", embedding=[0.1] * DIM), TextNode(id_="b", text="y", embedding=[1, 2, 3])])
     store.add([TextNode(id_="ok", text="x", embedding=[0.1] * DIM)])  # creates the embedded index
     with pytest.raises(vindex.DimensionError):
         store.add([TextNode(id_="a", text="x", embedding=[0.1] * (DIM + 1))])
@@ -369,6 +374,10 @@ def test_embedded_lifecycle(tmp_path):
     with pytest.raises(vindex.InvalidConfigError, match=r"metric: .* uses 'l2', not 'cosine'"):
         VindexVectorStore(path, metric="cosine")
 
+    batched = VindexVectorStore(batch_size=7)  # several upserts per add
+    assert batched.add(_nodes(20)) == [f"node-{i}" for i in range(20)] and len(batched.client) == 20
+    batched.close()
+
     temporary = VindexVectorStore()
     temporary.add(nodes)
     where = temporary.client.path
@@ -387,6 +396,8 @@ def test_constructor_errors(tmp_path, request):
     remote = request.getfixturevalue("client")
     with pytest.raises(vindex.InvalidInputError, match=r"give path or collection, not both"):
         VindexVectorStore(tmp_path / "a", collection=object())
+    with pytest.raises(vindex.InvalidInputError, match=r"batch_size: expected a positive int, got 0"):
+        VindexVectorStore(batch_size=0)
     with pytest.raises(vindex.InvalidConfigError, match=r"metric: expected one of"):
         VindexVectorStore(metric="manhattan")
     with pytest.raises(vindex.InvalidConfigError, match=r"unknown config parameter\(s\) \['bogus'\]"):

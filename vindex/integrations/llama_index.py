@@ -165,10 +165,11 @@ class VindexVectorStore(BasePydanticVectorStore):
             if node.embedding is None:
                 raise InvalidInputError(f"nodes[{i}] ({node.node_id!r}) has no embedding; embed nodes before "
                                         "adding them (VectorStoreIndex does)")
+            if len(node.embedding) != len(nodes[0].embedding):
+                raise InvalidInputError(f"nodes[{i}] ({node.node_id!r}): embedding of length {len(node.embedding)}, "
+                                        f"but nodes[0] has {len(nodes[0].embedding)}")
         ids = [node.node_id for node in nodes]
         vectors = np.asarray([node.embedding for node in nodes], dtype=np.float32)
-        if vectors.ndim != 2:
-            raise InvalidInputError("nodes: embeddings of different lengths")
         metadata = [self._metadata_of(node) for node in nodes]
         documents = [node.get_content(metadata_mode=MetadataMode.NONE) for node in nodes]
         target = self._writable(int(vectors.shape[1]))
