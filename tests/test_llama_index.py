@@ -373,6 +373,10 @@ def test_embedded_lifecycle(tmp_path):
         assert again.query(VectorStoreQuery(query_embedding=nodes[2].embedding, similarity_top_k=2)).ids == res.ids
     with pytest.raises(vindex.InvalidConfigError, match=r"metric: .* uses 'l2', not 'cosine'"):
         VindexVectorStore(path, metric="cosine")
+    with pytest.raises(vindex.InvalidConfigError, match=r"cannot change \['max_postings'\] when opening"):
+        VindexVectorStore(path, max_postings=4)
+    with VindexVectorStore(path, metric="l2", filter_widen=2) as again:  # the refused opens left it unlocked
+        assert again.client.config.filter_widen == 2 and len(again.get_nodes()) == 10
 
     batched = VindexVectorStore(batch_size=7)  # several upserts per add
     assert batched.add(_nodes(20)) == [f"node-{i}" for i in range(20)] and len(batched.client) == 20

@@ -102,7 +102,13 @@ class VindexVectorStore(BasePydanticVectorStore):
         self._owned = _Owned(temporary)
         self._release = weakref.finalize(self, self._owned.release)
         if self.path is not None and os.path.exists(os.path.join(self.path, layout.MANIFEST)):
-            self._target = self._checked(self._own(Index.open(self.path, **self._config)))
+            index = Index.open(self.path, **self._config)
+            try:
+                self._target = self._checked(index)
+            except BaseException:
+                index.close()
+                raise
+            self._own(index)
 
     # --- the index behind the store ----------------------------------------------------------------
     @classmethod
