@@ -25,13 +25,15 @@ IO_SCHEDULERS = ("sla", "fifo")
 #: thread running Python, can take a whole switch interval: more than such a search spends in
 #: the kernels).
 SMALL_SEARCH_QUERIES = 16
+#: Most threads one search may use (``search(..., threads=)``, ``search_threads``).
+MAX_SEARCH_THREADS = 256
 
 #: Fields that may differ between the process that built an index and one that reopens it.
 RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebalance_batch",
                             "checkpoint_every", "scrub_ratio", "durability",
                             "io_scheduler", "interactive_p99_ms", "read_p99_ms",
                             "exact_search_max_heads", "max_metadata_bytes", "max_document_bytes",
-                            "filter_exact_factor", "filter_widen"})
+                            "filter_exact_factor", "filter_widen", "search_threads"})
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,8 @@ class IndexConfig:
     exact_search_max_heads: int = 4096
     """(runtime) Up to this many heads, a search scores every head (one BLAS product for a
     batch) instead of walking the graph: exact, and cheaper below a few thousand heads.
-    0 always walks the graph."""
+    A search of up to 8 queries scores every head only up to 512 heads (it has no BLAS
+    product to amortise). 0 always walks the graph."""
 
     # --- clustering ------------------------------------------------------------------------
     kmeans_iters: int = 12
@@ -130,6 +133,10 @@ class IndexConfig:
     search_ef: int = 0
     """Beam width of the head-graph search; 0 means ``max(max_postings, 32)`` (a wider beam
     finds slightly better heads at more graph cost)."""
+    search_threads: int = 1
+    """(runtime) Threads a batch's search uses: its queries are cut into as many pieces (of
+    over ``SMALL_SEARCH_QUERIES`` queries each) searched in parallel. ``search(threads=)``
+    overrides it per call."""
 
     # --- metadata, documents and filters ------------------------------------------------------
     max_metadata_bytes: int = 64 * 1024
@@ -215,6 +222,7 @@ class IndexConfig:
         need(0 <= self.build_threads <= 1024, "build_threads", "0..1024")
         need(1 <= self.max_postings <= 4096, "max_postings", "1..4096")
         need(self.search_eps >= 0, "search_eps", ">= 0")
+        need(1 <= self.search_threads <= MAX_SEARCH_THREADS, "search_threads", f"1..{MAX_SEARCH_THREADS}")
         need(self.search_ef == 0 or self.search_ef >= 1, "search_ef", "0 (auto) or >= 1")
         need(self.store in STORES, "store", f"one of {STORES}")
         need(0 <= self.cache_bytes <= 1 << 48, "cache_bytes", "0..2^48")

@@ -279,6 +279,7 @@ class RocksStore:
         self._buffers = ReadBuffers()
         self._io = IOScheduler(io_scheduler, targets=targets)
         self.reads = 0
+        self.resident_reads = 0  # postings small searches scanned where they are kept (``scan_resident``)
         self.read_bytes = 0
 
     # --- open ---------------------------------------------------------------------------------
@@ -395,6 +396,36 @@ class RocksStore:
                                                        lambda: kept.release(held)))
         finally:
             kept.release(token)
+
+    def scan_resident(self, sel: np.ndarray, counts: np.ndarray, slot: np.ndarray, queries: np.ndarray,
+                      metric: int, versions: np.ndarray, vid2ext: np.ndarray, heap_d: np.ndarray,
+                      heap_i: np.ndarray, sizes: np.ndarray, tenant: str = "default"
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int] | None:
+        """The fast path of a small search (``native.fast.scan_resident``): scan the chosen
+        postings (``sel``/``counts``, heads per query) that are kept in memory, whole and
+        current, where they lie, into the heaps; returns ``(miss pids, q_ptr, q_idx,
+        postings scanned, records scanned)``, the postings left to ``read``. None, with the
+        heaps emptied, when a commit changed the directory meanwhile: the caller reads them
+        all. The postings scanned count against ``tenant``'s quota as a read's do."""
+        kept = self._kept
+        version = self._dir_version
+        if version % 2 or not kept.capacity:
+            return None
+        table, token = kept.pin_all()
+        try:
+            out = native.held.scan_resident(sel, counts, slot, table, kept.rows_f, kept.rows, self._gens.array(),
+                                            self._spans.array(), versions, vid2ext, queries, metric,
+                                            heap_d, heap_i, sizes)
+        finally:
+            kept.release(token)
+        if version != self._dir_version:
+            sizes[:] = 0
+            return None
+        if out[3]:
+            self._io.admit(tenant, out[3])
+            self.reads += out[3]
+            self.resident_reads += out[3]
+        return out
 
     def _chunk_keys(self, pids: np.ndarray, gens: np.ndarray, found: np.ndarray | None, in_place: bool
                     ) -> "_ReadPlan":
@@ -841,6 +872,7 @@ class RocksStore:
             "read_bytes": self.read_bytes,
             "block_cache_usage": self._cache.get_usage(),
             "kept_bytes": self._kept.live_bytes,
+            "resident_reads": self.resident_reads,
             "kept_allocated_bytes": self._kept.allocated_bytes,
             "sst_bytes": sst_bytes,
             "writes_stopped": self._write_error is not None,
