@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 import vindex
 from vindex.config import SMALL_SEARCH_QUERIES
@@ -94,3 +95,20 @@ def test_fast_path_never_returns_an_acknowledged_delete(tmp_path, bigann):
     assert not errors, errors[:5]
     assert _resident_reads(index) > before
     index.close()
+
+
+def test_resident_bytes_bounds_the_postings_kept(tmp_path, bigann):
+    base = bigann["base"][:3000].astype(np.float32)
+    queries = bigann["queries"][:50].astype(np.float32)
+    vindex.Index.build(tmp_path / "r", base, posting_limit_bytes=8 * 1024).close()
+    with vindex.Index.open(tmp_path / "r") as ix:
+        want = [ix.search(q, 10).ids for q in queries]
+    for budget in (0, 64 * 1024):
+        with vindex.Index.open(tmp_path / "r", resident_bytes=budget) as ix:
+            got = [ix.search(q, 10).ids for q in queries]
+            store = ix.stats()["store"]
+            assert store["kept_allocated_bytes"] <= budget
+            assert (store["resident_reads"] > 0) == (budget > 0)
+        np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))
+    with pytest.raises(ValueError, match="resident_bytes"):
+        vindex.Index.open(tmp_path / "r", resident_bytes=-2)

@@ -33,7 +33,7 @@ RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebala
                             "checkpoint_every", "scrub_ratio", "durability",
                             "io_scheduler", "interactive_p99_ms", "read_p99_ms",
                             "exact_search_max_heads", "max_metadata_bytes", "max_document_bytes",
-                            "filter_exact_factor", "filter_widen", "search_threads"})
+                            "filter_exact_factor", "filter_widen", "search_threads", "resident_bytes"})
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,10 @@ class IndexConfig:
     that (a posting read again then costs no RocksDB read), then what follows each
     posting's first chunk (a read fetches the first chunk and those appended since). 0
     keeps nothing and leaves the block cache at its 1 MiB floor."""
+    resident_bytes: int = -1
+    """(runtime) Bound on the memory for postings kept resident as searches read them (RocksDB
+    store): a small search scans those where they lie and reads only the others from the
+    store. -1: a quarter of ``cache_bytes``; 0: none kept."""
     io_scheduler: str = "sla"
     """(runtime) ``sla``: storage reads queue per I/O class (searches first, earliest deadline
     first); background rebalancing and foreground writes yield to searches, their shares of
@@ -226,6 +230,7 @@ class IndexConfig:
         need(self.search_ef == 0 or self.search_ef >= 1, "search_ef", "0 (auto) or >= 1")
         need(self.store in STORES, "store", f"one of {STORES}")
         need(0 <= self.cache_bytes <= 1 << 48, "cache_bytes", "0..2^48")
+        need(-1 <= self.resident_bytes <= 1 << 48, "resident_bytes", "-1..2^48")
         need(self.durability in DURABILITY, "durability", f"one of {DURABILITY}")
         need(self.io_scheduler in IO_SCHEDULERS, "io_scheduler", f"one of {IO_SCHEDULERS}")
         need(self.interactive_p99_ms > 0, "interactive_p99_ms", "> 0")
@@ -261,6 +266,10 @@ class IndexConfig:
     def posting_limit(self, dim: int) -> int:
         """Posting budget in vectors for this dimension (at least 4)."""
         return max(4, self.posting_limit_bytes // record_bytes(dim))
+
+    def resident_budget(self) -> int:
+        """Bytes of postings the store may keep resident (``resident_bytes``)."""
+        return self.cache_bytes // 4 if self.resident_bytes < 0 else self.resident_bytes
 
     def ef_for(self, max_postings: int) -> int:
         return self.search_ef if self.search_ef > 0 else max(max_postings, 32)

@@ -140,7 +140,8 @@ class Index:
         try:
             manifest = layout.Manifest(dim, metric, cfg)
             store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(dim),
-                               cache_bytes=cfg.cache_bytes, create=True, io_scheduler=cfg.io_scheduler,
+                               cache_bytes=cfg.cache_bytes, resident_bytes=cfg.resident_budget(), create=True,
+                               io_scheduler=cfg.io_scheduler,
                                targets=IOTargets.of(cfg))
             idmap = IdMap(capacity=max(16, x.shape[0]))
             stats: dict = {}
@@ -202,7 +203,8 @@ class Index:
         manifest = layout.read(path, runtime)
         cfg = manifest.config
         store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(manifest.dim),
-                           cache_bytes=cfg.cache_bytes, create=False, io_scheduler=cfg.io_scheduler,
+                           cache_bytes=cfg.cache_bytes, resident_bytes=cfg.resident_budget(), create=False,
+                           io_scheduler=cfg.io_scheduler,
                            targets=IOTargets.of(cfg))
         try:
             seq = checkpoint.latest(path)

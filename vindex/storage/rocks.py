@@ -89,7 +89,7 @@ READ_ATTEMPTS = 1000
 #: A read of at least this many postings that a concurrent commit disturbed reads again only
 #: the postings it moved, not all of them (see ``RocksStore._reread_moved``).
 REREAD_MOVED_MIN = 64
-#: Share of ``cache_bytes`` (on top of the block cache) that postings read may take in
+#: Default share of ``cache_bytes`` (on top of the block cache) that postings read may take in
 #: memory (see ``RocksStore._kept``).
 KEPT_SHARE = 0.25
 #: Default for ``RocksStore(resume_free_bytes=)``: room needed, beyond the write-ahead logs
@@ -237,12 +237,14 @@ class RocksStore:
     of this many (``_write_ahead``). ``kept_initial_bytes``: the first size of the ring of
     postings kept in memory (``KeptPostings``). ``resume_free_bytes``: room needed beyond
     the write-ahead logs before a store stopped by a full disk reopens and writes again.
+    ``resident_bytes``: bound on the postings kept in memory (None: ``KEPT_SHARE`` of
+    ``cache_bytes``).
     """
 
     def __init__(self, path: str, *, record_size: int, cache_bytes: int, create: bool,
                  io_scheduler: str = "sla", targets: IOTargets = IOTargets(),
                  early_write_keys: int = EARLY_WRITE_KEYS, kept_initial_bytes: int = INITIAL_BYTES,
-                 resume_free_bytes: int = RESUME_FREE_BYTES):
+                 resume_free_bytes: int = RESUME_FREE_BYTES, resident_bytes: int | None = None):
         self.record_size = record_size
         self.early_write_keys = early_write_keys
         self.resume_free_bytes = resume_free_bytes
@@ -272,7 +274,8 @@ class RocksStore:
         # of few postings markedly faster. Chunks never
         # change while a posting keeps its first chunk; a replace or drop moves it and bumps
         # ``_gens``. See ``_keep`` for what is kept.
-        self._kept = KeptPostings(int(cache_bytes * KEPT_SHARE), record_size, kept_initial_bytes)
+        kept_bytes = int(cache_bytes * KEPT_SHARE) if resident_bytes is None else resident_bytes
+        self._kept = KeptPostings(kept_bytes, record_size, kept_initial_bytes)
         self._gens = Lengths()
         self._load_directory()
         self._seq = self._last_seq()
