@@ -60,3 +60,24 @@ def test_bad_threads_are_refused_by_name(index, bigann, bad):
 def test_bad_search_threads_config_is_refused(tmp_path):
     with pytest.raises(ValueError, match="search_threads"):
         vindex.Index.create(tmp_path / "b", dim=4, search_threads=0)
+
+
+def test_searches_with_growing_thread_counts_at_once(index, bigann):
+    """Searches asking for more threads than the pool has replace it while others use it."""
+    queries = bigann["queries"][:300].astype(np.float32)
+    want = index.search(queries, 10).ids
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            for _ in range(2):
+                np.testing.assert_array_equal(index.search(queries, 10, threads=n).ids, want)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(n,)) for n in (2, 3, 4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not errors, errors[:2]

@@ -1,8 +1,12 @@
-"""The search path: head-graph search -> grouped posting reads -> scan -> top-k.
+"""The search path: head-graph search -> grouped posting reads -> scan -> top-k
+(docs/search-path.md).
 
-A batch is grouped by posting, so each posting is read from the store once per batch however
-many queries want it, and scanned while it is in cache for all of them. Reads go in pieces of
-``READ_CHUNK`` postings to bound memory; the per-query heaps carry over between pieces.
+A search of up to ``SMALL_SEARCH_QUERIES`` queries first scans the postings the store keeps
+in memory where they lie, in one kernel call (``RocksStore.scan_resident``), and reads only
+the others. A batch is grouped by posting, so each posting is read from the store once per
+batch however many queries want it, and scanned while it is in cache for all of them. Reads
+go in pieces of ``READ_CHUNK`` postings to bound memory; the per-query heaps carry over
+between pieces.
 """
 from __future__ import annotations
 
@@ -37,13 +41,16 @@ class SearchThreads:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._size = 0
+        # smaller pools a larger ``threads`` replaced: another search may still submit to
+        # one it took before, so they are shut down only with the index
+        self._retired: list[ThreadPoolExecutor] = []
 
     def map(self, fn: Callable, pieces: list) -> list:
         """``[fn(p) for p in pieces]``, the pieces after the first on the pool's threads."""
         with self._lock:
             if self._size < len(pieces) - 1:
                 if self._pool is not None:
-                    self._pool.shutdown(wait=False)  # its running pieces still finish
+                    self._retired.append(self._pool)
                 self._size = len(pieces) - 1
                 self._pool = ThreadPoolExecutor(self._size, thread_name_prefix="vindex-search")
             pool = self._pool
@@ -53,10 +60,10 @@ class SearchThreads:
 
     def close(self) -> None:
         with self._lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
-                self._size = 0
+            pools, self._retired = [*self._retired, *([self._pool] if self._pool else [])], []
+            self._pool, self._size = None, 0
+        for pool in pools:
+            pool.shutdown(wait=True)
 
 
 def search_threads(queries: np.ndarray, k: int, *, threads: int, pool: SearchThreads, **kwargs
