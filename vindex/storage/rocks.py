@@ -868,7 +868,9 @@ class RocksStore:
 
     def stats(self) -> dict:
         with self._gate:
-            sst_bytes = int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0) if self._cf else 0
+            # per column family: the default one (the database handle's) holds almost nothing
+            sst_bytes = sum(int(cf.property_int_value("rocksdb.total-sst-files-size") or 0)
+                            for cf in self._cf.values())
         return {
             "kind": "rocksdb",
             "reads": self.reads,
