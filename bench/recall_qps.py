@@ -27,7 +27,7 @@ from .vindex_peer import Vindex
 TARGETS = (0.90, 0.95)
 COLUMNS = [("method", "method", "s"), ("params", "params", "s"), ("recall", "recall@10", ".4f"),
            ("qps", "QPS batch", ".0f"), ("qps1", "QPS bs=1", ".0f"), ("p50", "p50 ms", ".3f"),
-           ("p99", "p99 ms", ".3f")]
+           ("p99", "p99 ms", ".3f"), ("qps_threads2", "QPS batch 2 threads", ".0f")]
 
 
 def _rss_code(method, path: str) -> str:
@@ -73,6 +73,9 @@ def run_method(method, ds: datasets.Dataset, queries: np.ndarray, gt: np.ndarray
         pct = measure.percentiles(lat)
         row = {"method": name, "params": ",".join(f"{k}={v}" for k, v in params.items()),
                "recall": recall, "qps": qps, "qps1": 1.0 / float(np.mean(lat)), **pct}
+        if isinstance(method, Vindex):  # the same batch on two cores (``search(threads=2)``)
+            row["qps_threads2"] = measure.batch_qps(lambda q: method.search(q, args.k, threads=2), queries,
+                                                    repeats=args.repeats)
         rows.append(row)
         print(report.table([row], COLUMNS).splitlines()[-1], file=sys.stderr, flush=True)
         if recall >= args.max_recall:
@@ -97,6 +100,8 @@ def summarize(results: dict) -> list[dict]:
             q = report.at_recall(res["rows"], t)
             row[f"qps@{t}"] = q
             row[f"p50@{t}"] = _p50_at(res["rows"], t)
+            first = next((r for r in res["rows"] if r["recall"] >= t and "qps_threads2" in r), None)
+            row[f"threads2_x@{t}"] = first["qps_threads2"] / first["qps"] if first else None
             if ivf is not None and q is not None:
                 base = report.at_recall(ivf["rows"], t)
                 row[f"vs_ivf@{t}"] = q / base if base else None
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             ("rss_base_mib", "RSS libs MiB", ".0f"), ("rss_search_mib", "RSS 1st query MiB", ".0f")]
     for t in TARGETS:
         cols += [(f"qps@{t}", f"QPS@{t}", ".0f"), (f"vs_ivf@{t}", f"x IVF@{t}", ".2f"),
-                 (f"p50@{t}", f"p50ms@{t}", ".3f")]
+                 (f"p50@{t}", f"p50ms@{t}", ".3f"), (f"threads2_x@{t}", f"2 threads x@{t}", ".2f")]
     print()
     print(report.table(summary, cols))
     meta = {"dataset": args.dataset, "n": int(ds.base.shape[0]), "dim": int(ds.base.shape[1]),

@@ -58,8 +58,8 @@ class Vindex:
     def set_params(self, params: dict) -> None:
         self.params = dict(params)
 
-    def search(self, queries: np.ndarray, k: int) -> np.ndarray:
-        return self.index.search(queries, k, **self.params).ids
+    def search(self, queries: np.ndarray, k: int, threads: int = 1) -> np.ndarray:
+        return self.index.search(queries, k, threads=threads, **self.params).ids
 
     def save(self, path: str) -> None:
         pass  # the index lives in self.path already

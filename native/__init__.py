@@ -20,7 +20,7 @@ import importlib
 
 from .metrics import IP as IP, L2 as L2  # re-exported: native.L2, native.IP
 
-_SUBMODULES = ("checksum", "distances", "graph", "heap", "held", "idhash", "kept", "kept_table", "kmeans", "layout",
+_SUBMODULES = ("checksum", "distances", "fast", "graph", "heap", "held", "idhash", "kept", "kept_table", "kmeans", "layout",
                "lire", "prefetch", "replicas", "scan")
 
 
@@ -34,7 +34,7 @@ def warmup() -> None:
     """Run every kernel once on tiny inputs of the exact types the library passes."""
     import numpy as np
 
-    from . import distances, graph, heap, held, idhash, kept, kmeans, lire, replicas, scan
+    from . import distances, fast, graph, heap, held, idhash, kept, kmeans, lire, replicas, scan
 
     rng = np.random.default_rng(0)
     d, n = 8, 40
@@ -97,6 +97,13 @@ def warmup() -> None:
             kernels.scan_grouped(recs_f, starts, ends, live, starts, one_ptr[:-1], one_ptr[1:], one_idx, q, metric,
                                  hd, hi, sizes)
             kernels.finish(hd, hi, sizes)
+        table = np.full((4, 5), -1, np.int64)
+        table[1] = (0, 4, 1, 3, 0)  # posting 1: rows 0..3, whole, generation 1, one chunk
+        spans, gens = np.array([0, 1], np.int64), np.array([0, 1], np.int64)
+        for kernels in (fast, held):
+            sizes[:] = 0
+            kernels.scan_resident(ids, counts, slot, table, recs_f, recs_u, gens, spans, versions, vid2ext, q, metric,
+                                  hd, hi, sizes)
     labels = np.full(4, -1, np.int64)
     cents = np.zeros((2, d), np.float32)
     keep, n_live = lire.live_dedupe(recs_u, offsets, versions, np.full(8, -1, np.int64))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numba as nb
 
-from . import graph, layout, scan
+from . import fast, graph, layout, scan
 
 _h = dict(cache=True)
 
@@ -60,6 +60,14 @@ def scan_grouped(recs_f, starts, ends, ids, id_starts, q_lo, q_hi, q_idx, querie
     """:func:`native.scan.scan_grouped`, GIL held."""
     scan.scan_grouped(recs_f, starts, ends, ids, id_starts, q_lo, q_hi, q_idx, queries, metric, heap_d, heap_i,
                       sizes)
+
+
+@nb.njit(**_h)
+def scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext, queries, metric,
+                  heap_d, heap_i, sizes):
+    """:func:`native.fast.scan_resident`, GIL held."""
+    return fast.scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext, queries,
+                              metric, heap_d, heap_i, sizes)
 
 
 @nb.njit(**_h)

@@ -25,13 +25,15 @@ IO_SCHEDULERS = ("sla", "fifo")
 #: thread running Python, can take a whole switch interval: more than such a search spends in
 #: the kernels).
 SMALL_SEARCH_QUERIES = 16
+#: Most threads one search may use (``search(..., threads=)``, ``search_threads``).
+MAX_SEARCH_THREADS = 256
 
 #: Fields that may differ between the process that built an index and one that reopens it.
 RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebalance_batch",
                             "checkpoint_every", "scrub_ratio", "durability",
                             "io_scheduler", "interactive_p99_ms", "read_p99_ms",
                             "exact_search_max_heads", "max_metadata_bytes", "max_document_bytes",
-                            "filter_exact_factor", "filter_widen"})
+                            "filter_exact_factor", "filter_widen", "search_threads", "resident_bytes"})
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,8 @@ class IndexConfig:
     exact_search_max_heads: int = 4096
     """(runtime) Up to this many heads, a search scores every head (one BLAS product for a
     batch) instead of walking the graph: exact, and cheaper below a few thousand heads.
-    0 always walks the graph."""
+    A search of up to 8 queries scores every head only up to 512 heads (it has no BLAS
+    product to amortise). 0 always walks the graph."""
 
     # --- clustering ------------------------------------------------------------------------
     kmeans_iters: int = 12
@@ -130,6 +133,10 @@ class IndexConfig:
     search_ef: int = 0
     """Beam width of the head-graph search; 0 means ``max(max_postings, 32)`` (a wider beam
     finds slightly better heads at more graph cost)."""
+    search_threads: int = 1
+    """(runtime) Threads a batch's search uses: its queries are cut into as many pieces (of
+    over ``SMALL_SEARCH_QUERIES`` queries each) searched in parallel. ``search(threads=)``
+    overrides it per call."""
 
     # --- metadata, documents and filters ------------------------------------------------------
     max_metadata_bytes: int = 64 * 1024
@@ -153,6 +160,10 @@ class IndexConfig:
     that (a posting read again then costs no RocksDB read), then what follows each
     posting's first chunk (a read fetches the first chunk and those appended since). 0
     keeps nothing and leaves the block cache at its 1 MiB floor."""
+    resident_bytes: int = -1
+    """(runtime) Bound on the memory for postings kept resident as searches read them (RocksDB
+    store): a small search scans those where they lie and reads only the others from the
+    store. -1: a quarter of ``cache_bytes``; 0: none kept."""
     io_scheduler: str = "sla"
     """(runtime) ``sla``: storage reads queue per I/O class (searches first, earliest deadline
     first); background rebalancing and foreground writes yield to searches, their shares of
@@ -215,9 +226,11 @@ class IndexConfig:
         need(0 <= self.build_threads <= 1024, "build_threads", "0..1024")
         need(1 <= self.max_postings <= 4096, "max_postings", "1..4096")
         need(self.search_eps >= 0, "search_eps", ">= 0")
+        need(1 <= self.search_threads <= MAX_SEARCH_THREADS, "search_threads", f"1..{MAX_SEARCH_THREADS}")
         need(self.search_ef == 0 or self.search_ef >= 1, "search_ef", "0 (auto) or >= 1")
         need(self.store in STORES, "store", f"one of {STORES}")
         need(0 <= self.cache_bytes <= 1 << 48, "cache_bytes", "0..2^48")
+        need(-1 <= self.resident_bytes <= 1 << 48, "resident_bytes", "-1..2^48")
         need(self.durability in DURABILITY, "durability", f"one of {DURABILITY}")
         need(self.io_scheduler in IO_SCHEDULERS, "io_scheduler", f"one of {IO_SCHEDULERS}")
         need(self.interactive_p99_ms > 0, "interactive_p99_ms", "> 0")
@@ -253,6 +266,10 @@ class IndexConfig:
     def posting_limit(self, dim: int) -> int:
         """Posting budget in vectors for this dimension (at least 4)."""
         return max(4, self.posting_limit_bytes // record_bytes(dim))
+
+    def resident_budget(self) -> int:
+        """Bytes of postings the store may keep resident (``resident_bytes``)."""
+        return self.cache_bytes // 4 if self.resident_bytes < 0 else self.resident_bytes
 
     def ef_for(self, max_postings: int) -> int:
         return self.search_ef if self.search_ef > 0 else max(max_postings, 32)

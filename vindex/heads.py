@@ -20,6 +20,9 @@ SEED_ENTRIES = 4
 EXACT_BLOCK = 1024
 #: Up to this many queries, exact head search runs in a numba kernel instead of BLAS.
 EXACT_KERNEL_MAX_QUERIES = 8
+#: ...and only up to this many live heads: scoring every head costs a query a pass over all
+#: of them (1439 x 384-d: ~65 us), where the graph's beam scores a few hundred (~20 us).
+EXACT_KERNEL_MAX_HEADS = 512
 #: Default of ``HeadGraph(nearest_entries_min_queries=)``: from this many queries, a graph
 #: search scores the shared entry points in one pass and starts each query's beam from its
 #: nearest ones only (see ``_nearest_entries``); below it copying the entry points' vectors
@@ -161,7 +164,8 @@ class HeadGraph:
             dists.fill(np.inf)
             return ids, dists, np.zeros(nq, dtype=np.int32)
         arrays, entries = self.arrays_, self.entries
-        if self.n_alive <= self.exact_max_heads:
+        few = nq <= EXACT_KERNEL_MAX_QUERIES
+        if self.n_alive <= (min(self.exact_max_heads, EXACT_KERNEL_MAX_HEADS) if few else self.exact_max_heads):
             return self._search_exact(arrays, queries, metric, m, eps, ids, dists, held)
         vectors, nbrs = arrays.vectors, arrays.nbrs
         entries = entries[entries < vectors.shape[0]]  # entries may be newer than ``arrays``

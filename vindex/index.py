@@ -14,7 +14,7 @@ import numpy as np
 from . import checkpoint, filtered, ids as idkinds, layout, oplog, payloads, validation, writes
 from .build import build_postings
 from .checkpointer import Checkpointer
-from .config import SMALL_SEARCH_QUERIES, IndexConfig, check_metric, record_bytes
+from .config import MAX_SEARCH_THREADS, SMALL_SEARCH_QUERIES, IndexConfig, check_metric, record_bytes
 from .engine import Engine
 from .errors import (CorruptionError, IdExistsError, IndexClosedError, InvalidInputError,
                      UnknownIdError, preview)
@@ -25,7 +25,7 @@ from .iosched import IOTargets, yielding_pool
 from .progress import enabled
 from .rebalance import STALE_ARRAYS, Rebalancer, drop_orphans, policy
 from .results import GetResult, ScrollPage, SearchResult
-from .search import search as run_search
+from .search import SearchThreads, search_threads
 from .state import State
 from .strids import StrIds
 from .storage import Change, IOClass, open_store, records
@@ -60,11 +60,13 @@ class _Threads:
         faiss.omp_set_num_threads(self._faiss)
 
 
-def _shutdown(rebalancer: Rebalancer, checkpoints: Checkpointer, pool: ThreadPoolExecutor, store) -> None:
+def _shutdown(rebalancer: Rebalancer, checkpoints: Checkpointer, pool: ThreadPoolExecutor, store,
+              search_pool: SearchThreads) -> None:
     """Stop the background work and release the store (``close`` or garbage collection)."""
     rebalancer.close()
     checkpoints.close()
     pool.shutdown(wait=True)
+    search_pool.close()
     store.close()
 
 
@@ -91,8 +93,9 @@ class Index:
         if orphans:  # dropped by the background once the store can write; never reused before
             self._rebalancer.cuts.defer(orphans, {})
         engine.checkpoints.start_thread()
+        self._search_pool = SearchThreads()
         self._finalizer = weakref.finalize(self, _shutdown, self._rebalancer, engine.checkpoints, self._pool,
-                                           engine.store)
+                                           engine.store, self._search_pool)
         # postings left over their limit or full of garbage by an earlier process
         g = engine.state.graph
         if g.n:
@@ -137,7 +140,8 @@ class Index:
         try:
             manifest = layout.Manifest(dim, metric, cfg)
             store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(dim),
-                               cache_bytes=cfg.cache_bytes, create=True, io_scheduler=cfg.io_scheduler,
+                               cache_bytes=cfg.cache_bytes, resident_bytes=cfg.resident_budget(), create=True,
+                               io_scheduler=cfg.io_scheduler,
                                targets=IOTargets.of(cfg))
             idmap = IdMap(capacity=max(16, x.shape[0]))
             stats: dict = {}
@@ -199,7 +203,8 @@ class Index:
         manifest = layout.read(path, runtime)
         cfg = manifest.config
         store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(manifest.dim),
-                           cache_bytes=cfg.cache_bytes, create=False, io_scheduler=cfg.io_scheduler,
+                           cache_bytes=cfg.cache_bytes, resident_bytes=cfg.resident_budget(), create=False,
+                           io_scheduler=cfg.io_scheduler,
                            targets=IOTargets.of(cfg))
         try:
             seq = checkpoint.latest(path)
@@ -261,8 +266,8 @@ class Index:
     # --- search -------------------------------------------------------------------------------
     def search(self, queries: Any, k: int = 10, *, filter: Any = None, include: Any = (),
                max_postings: int | None = None, eps: float | None = None, ef: int | None = None,
-               timeout: float | None = None, tenant: str = "default", interactive: bool | None = None
-               ) -> SearchResult:
+               timeout: float | None = None, tenant: str = "default", interactive: bool | None = None,
+               threads: int | None = None) -> SearchResult:
         """The ``k`` nearest stored vectors of each query.
 
         ``filter`` (a dict in the filter language, docs/filters.md) restricts the results to
@@ -278,9 +283,10 @@ class Index:
         search, so under ``io_scheduler="sla"`` writes and rebalancing let it finish before
         each stretch that holds the GIL (waiting at most ``interactive_p99_ms``); by default,
         searches of up to 16 queries are (larger batches are throughput work, which the
-        background would otherwise fall behind).
+        background would otherwise fall behind). ``threads``: cores a batch's search uses
+        (pieces of over 16 queries each, in parallel); default ``IndexConfig.search_threads``.
         """
-        q, k, m, e, beam = self._search_args(queries, k, max_postings, eps, ef)
+        q, k, m, e, beam, n_threads = self._search_args(queries, k, max_postings, eps, ef, threads)
         f = None if filter is None else compile_filter(filter)
         include = payloads.check_include(include)
         timeout = None if timeout is None else validation.seconds(timeout, "timeout")
@@ -308,10 +314,11 @@ class Index:
                     return filtered.choose_postings(st.graph, queries, self._metric_code, fplan, m, e,
                                                     self.config, held)
                 versions = fplan.versions_for
-            ids, dists, work = run_search(q, k, graph=st.graph, idmap=st.idmap,
-                                          store=eng.store, readers=eng.readers, metric=self._metric_code,
-                                          max_postings=m, eps=e, ef=max(beam, m), deadline=deadline,
-                                          tenant=str(tenant), choose=choose, versions=versions)
+            ids, dists, work = search_threads(q, k, threads=n_threads, pool=self._search_pool, graph=st.graph,
+                                              idmap=st.idmap, store=eng.store, readers=eng.readers,
+                                              metric=self._metric_code, max_postings=m, eps=e, ef=max(beam, m),
+                                              deadline=deadline, tenant=str(tenant), choose=choose,
+                                              versions=versions)
         if f is not None:
             ids, dists = filtered.recheck(st, f, ids, dists)
             work["filter_matches"] = fplan.matches
@@ -362,20 +369,22 @@ class Index:
         sched.set_tenant_quota(str(tenant), rate, size)
 
     def check_queries(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
-                      eps: float | None = None, ef: int | None = None) -> None:
+                      eps: float | None = None, ef: int | None = None, threads: int | None = None) -> None:
         """Raise what :meth:`search` would raise for these arguments, without searching."""
-        self._search_args(queries, k, max_postings, eps, ef)
+        self._search_args(queries, k, max_postings, eps, ef, threads)
 
-    def _search_args(self, queries: Any, k: Any, max_postings: Any, eps: Any, ef: Any
-                     ) -> tuple[np.ndarray, int, int, float, int]:
-        """Validated ``(queries, k, max_postings, eps, ef)`` with the config's defaults."""
+    def _search_args(self, queries: Any, k: Any, max_postings: Any, eps: Any, ef: Any, threads: Any = None
+                     ) -> tuple[np.ndarray, int, int, float, int, int]:
+        """Validated ``(queries, k, max_postings, eps, ef, threads)`` with the config's defaults."""
         self._check_open()
         cfg = self.config
         k = validation.k(k)
         m = cfg.max_postings if max_postings is None else validation.positive_int(max_postings, "max_postings", upper=4096)
         e = cfg.search_eps if eps is None else validation.check_eps(eps)
         beam = cfg.ef_for(m) if ef is None else validation.positive_int(ef, "ef", upper=65536)
-        return self._vectors(queries, "queries"), k, m, e, beam
+        n_threads = (cfg.search_threads if threads is None
+                     else validation.positive_int(threads, "threads", upper=MAX_SEARCH_THREADS))
+        return self._vectors(queries, "queries"), k, m, e, beam, n_threads
 
     def _vectors(self, x: Any, what: str) -> np.ndarray:
         v = validation.vectors(x, self.dim, what=what)

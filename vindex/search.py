@@ -1,11 +1,17 @@
-"""The search path: head-graph search -> grouped posting reads -> scan -> top-k.
+"""The search path: head-graph search -> grouped posting reads -> scan -> top-k
+(docs/search-path.md).
 
-A batch is grouped by posting, so each posting is read from the store once per batch however
-many queries want it, and scanned while it is in cache for all of them. Reads go in pieces of
-``READ_CHUNK`` postings to bound memory; the per-query heaps carry over between pieces.
+A search of up to ``SMALL_SEARCH_QUERIES`` queries first scans the postings the store keeps
+in memory where they lie, in one kernel call (``RocksStore.scan_resident``), and reads only
+the others. A batch is grouped by posting, so each posting is read from the store once per
+batch however many queries want it, and scanned while it is in cache for all of them. Reads
+go in pieces of ``READ_CHUNK`` postings to bound memory; the per-query heaps carry over
+between pieces.
 """
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
@@ -25,6 +31,55 @@ READ_CHUNK = 2048
 #: Head selections a search makes before it accepts one that heads created meanwhile may
 #: have outdated.
 SELECT_ATTEMPTS = 3
+
+
+class SearchThreads:
+    """The threads that run the pieces of a batch searched with ``threads=N``: N - 1 of
+    them, started on first use (the calling thread runs a piece too)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._size = 0
+        # smaller pools a larger ``threads`` replaced: another search may still submit to
+        # one it took before, so they are shut down only with the index
+        self._retired: list[ThreadPoolExecutor] = []
+
+    def map(self, fn: Callable, pieces: list) -> list:
+        """``[fn(p) for p in pieces]``, the pieces after the first on the pool's threads."""
+        with self._lock:
+            if self._size < len(pieces) - 1:
+                if self._pool is not None:
+                    self._retired.append(self._pool)
+                self._size = len(pieces) - 1
+                self._pool = ThreadPoolExecutor(self._size, thread_name_prefix="vindex-search")
+            pool = self._pool
+        futures = [pool.submit(fn, p) for p in pieces[1:]]
+        first = fn(pieces[0])
+        return [first] + [f.result() for f in futures]
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._retired = [*self._retired, *([self._pool] if self._pool else [])], []
+            self._pool, self._size = None, 0
+        for pool in pools:
+            pool.shutdown(wait=True)
+
+
+def search_threads(queries: np.ndarray, k: int, *, threads: int, pool: SearchThreads, **kwargs
+                   ) -> tuple[np.ndarray, np.ndarray, dict]:
+    """``search`` with the batch cut into up to ``threads`` pieces searched in parallel
+    (the kernels release the GIL). A piece has more than ``SMALL_SEARCH_QUERIES`` queries:
+    smaller ones run the kernels that keep the GIL, and would take turns. Results and
+    counters as ``search``'s; postings wanted by queries of two pieces count once each."""
+    nq = queries.shape[0]
+    n = min(threads, nq // (SMALL_SEARCH_QUERIES + 1))
+    if n <= 1:
+        return search(queries, k, **kwargs)
+    bounds = np.linspace(0, nq, n + 1).astype(np.int64).tolist()
+    parts = pool.map(lambda lh: search(queries[lh[0]:lh[1]], k, **kwargs), list(zip(bounds, bounds[1:])))
+    work = {key: sum(p[2][key] for p in parts) for key in parts[0][2]}
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), work
 
 
 def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store: PostingStore,
@@ -68,8 +123,23 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, choose, versi
     held = nq <= SMALL_SEARCH_QUERIES  # small searches keep the GIL (``native.held``)
     kernels = native.held if held else native.scan
     head_ids, counts = choose(queries, held)
-    pids, q_ptr, q_idx = kernels.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
+    slot = scratch().slots(graph.capacity)
     postings = scanned = dropped = 0
+    grouped = None
+    resident = getattr(store, "scan_resident", None) if held else None
+    if resident is not None:  # the fast path: postings kept in memory scanned where they lie
+        with readers.reading():
+            if graph.generation != generation and not last:
+                return None
+            live = idmap.versions if versions is None else versions(idmap.versions)
+            grouped = resident(head_ids, counts, slot, queries, metric, live, idmap.vid2ext, heap_d, heap_i, sizes,
+                               tenant)
+        if grouped is not None:
+            pids, q_ptr, q_idx, postings, scanned = grouped
+            if not pids.shape[0]:  # every posting was kept: the kernel sorted the heaps too
+                return heap_i, heap_d, {"postings": postings, "records_scanned": scanned, "postings_dropped": 0}
+    if grouped is None:
+        pids, q_ptr, q_idx = kernels.group_by_posting(head_ids, counts, slot)
     for lo in range(0, pids.shape[0], READ_CHUNK):
         hi = min(lo + READ_CHUNK, pids.shape[0])
         with readers.reading():  # versions checked against the same state the read saw

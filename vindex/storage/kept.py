@@ -49,6 +49,7 @@ class KeptPostings:
         self.record_size = record_size
         self.capacity = max(cap_bytes, 0) // record_size
         self.rows = _reserve(self.capacity, record_size // 4)
+        self.rows_f = self.rows.view(np.float32)  # the same records as the scan kernels read them
         self.capacity = self.rows.shape[0]
         self._size = min(self.capacity, initial_bytes // record_size)  # the ring's length so far
         self.lock = threading.Lock()
@@ -81,6 +82,17 @@ class KeptPostings:
             token = next(self._tokens)
             self._pins[token] = int(oldest)
             return found, token
+
+    def pin_all(self) -> tuple[np.ndarray, int]:
+        """The table of kept postings as it is now, and a pin on every entry in it (a token
+        for ``release``; 0 when nothing is kept): while pinned, the rows of each entry the
+        table names stay as they are, whatever is kept meanwhile."""
+        with self.lock:
+            if not self._order:
+                return self._table, 0
+            token = next(self._tokens)
+            self._pins[token] = self._order[0][0]
+            return self._table, token
 
     def repin(self, token: int, seq: int) -> None:
         """Narrow ``find``'s pin to the entries numbered ``seq`` and up (still in use)."""
@@ -115,13 +127,15 @@ class KeptPostings:
         token = next(self._tokens)
         with self.lock:
             placed, flags = [], []
+            pending = 0  # rows taken by this call: in use once published
             for pid, span, gen, lead, data in entries:
-                taken = self._take(pid, len(data) // rs, evict=evict)
+                taken = self._take(pid, len(data) // rs, evict=evict, pending=pending)
                 flags.append(taken is not None)
                 if taken is not None:
                     if not placed:  # pinned, so that no entry taken after overwrites it
                         self._pins[token] = taken[0]
                     placed.append((pid, span, gen, lead, data, *taken))
+                    pending += taken[2]
             if not placed:
                 return flags
         try:
@@ -141,7 +155,7 @@ class KeptPostings:
                     self.live_rows += n
         return flags
 
-    def _take(self, pid: int, n: int, *, evict: bool) -> tuple[int, int, int] | None:
+    def _take(self, pid: int, n: int, *, evict: bool, pending: int = 0) -> tuple[int, int, int] | None:
         """Take ``n`` rows for ``pid`` (lock held): ``(entry number, start, n)``, or None.
         Entries join ``_order`` here, so that it stays in ring order; one taken but not yet
         published counts as not in use, and cannot be overwritten (it is pinned).
@@ -154,11 +168,13 @@ class KeptPostings:
         use (the postings read no longer fit), and are kept again once less than half is.
         (Stopping at half, for good, stops within seconds, at a peak, and then reads no
         posting in place; resuming below half keeps most reads in place, and costs nothing
-        where the postings outgrow the share.)"""
+        where the postings outgrow the share.) ``pending``: rows the same ``keep`` took
+        before, in use once published: a large read grows the ring for all it keeps instead
+        of wrapping onto its own pinned entries and keeping the first ring's worth only."""
         if n == 0 or n > self.capacity:
             return None
         head, size = self._head, self._size
-        if head + n > size and self._should_grow(n):
+        if head + n > size and self._should_grow(n + pending):
             size = self._size = min(self.capacity, max(head + n, 2 * size))
         start = head if head + n <= size else 0
         popped, in_use = self._overwritten(head, start, n)

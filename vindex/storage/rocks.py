@@ -89,7 +89,7 @@ READ_ATTEMPTS = 1000
 #: A read of at least this many postings that a concurrent commit disturbed reads again only
 #: the postings it moved, not all of them (see ``RocksStore._reread_moved``).
 REREAD_MOVED_MIN = 64
-#: Share of ``cache_bytes`` (on top of the block cache) that postings read may take in
+#: Default share of ``cache_bytes`` (on top of the block cache) that postings read may take in
 #: memory (see ``RocksStore._kept``).
 KEPT_SHARE = 0.25
 #: Default for ``RocksStore(resume_free_bytes=)``: room needed, beyond the write-ahead logs
@@ -237,12 +237,14 @@ class RocksStore:
     of this many (``_write_ahead``). ``kept_initial_bytes``: the first size of the ring of
     postings kept in memory (``KeptPostings``). ``resume_free_bytes``: room needed beyond
     the write-ahead logs before a store stopped by a full disk reopens and writes again.
+    ``resident_bytes``: bound on the postings kept in memory (None: ``KEPT_SHARE`` of
+    ``cache_bytes``).
     """
 
     def __init__(self, path: str, *, record_size: int, cache_bytes: int, create: bool,
                  io_scheduler: str = "sla", targets: IOTargets = IOTargets(),
                  early_write_keys: int = EARLY_WRITE_KEYS, kept_initial_bytes: int = INITIAL_BYTES,
-                 resume_free_bytes: int = RESUME_FREE_BYTES):
+                 resume_free_bytes: int = RESUME_FREE_BYTES, resident_bytes: int | None = None):
         self.record_size = record_size
         self.early_write_keys = early_write_keys
         self.resume_free_bytes = resume_free_bytes
@@ -272,13 +274,15 @@ class RocksStore:
         # of few postings markedly faster. Chunks never
         # change while a posting keeps its first chunk; a replace or drop moves it and bumps
         # ``_gens``. See ``_keep`` for what is kept.
-        self._kept = KeptPostings(int(cache_bytes * KEPT_SHARE), record_size, kept_initial_bytes)
+        kept_bytes = int(cache_bytes * KEPT_SHARE) if resident_bytes is None else resident_bytes
+        self._kept = KeptPostings(kept_bytes, record_size, kept_initial_bytes)
         self._gens = Lengths()
         self._load_directory()
         self._seq = self._last_seq()
         self._buffers = ReadBuffers()
         self._io = IOScheduler(io_scheduler, targets=targets)
         self.reads = 0
+        self.resident_reads = 0  # postings small searches scanned where they are kept (``scan_resident``)
         self.read_bytes = 0
 
     # --- open ---------------------------------------------------------------------------------
@@ -395,6 +399,36 @@ class RocksStore:
                                                        lambda: kept.release(held)))
         finally:
             kept.release(token)
+
+    def scan_resident(self, sel: np.ndarray, counts: np.ndarray, slot: np.ndarray, queries: np.ndarray,
+                      metric: int, versions: np.ndarray, vid2ext: np.ndarray, heap_d: np.ndarray,
+                      heap_i: np.ndarray, sizes: np.ndarray, tenant: str = "default"
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int] | None:
+        """The fast path of a small search (``native.fast.scan_resident``): scan the chosen
+        postings (``sel``/``counts``, heads per query) that are kept in memory, whole and
+        current, where they lie, into the heaps; returns ``(miss pids, q_ptr, q_idx,
+        postings scanned, records scanned)``, the postings left to ``read``. None, with the
+        heaps emptied, when a commit changed the directory meanwhile: the caller reads them
+        all. The postings scanned count against ``tenant``'s quota as a read's do."""
+        kept = self._kept
+        version = self._dir_version
+        if version % 2 or not kept.capacity:
+            return None
+        table, token = kept.pin_all()
+        try:
+            out = native.held.scan_resident(sel, counts, slot, table, kept.rows_f, kept.rows, self._gens.array(),
+                                            self._spans.array(), versions, vid2ext, queries, metric,
+                                            heap_d, heap_i, sizes)
+        finally:
+            kept.release(token)
+        if version != self._dir_version:
+            sizes[:] = 0
+            return None
+        if out[3]:
+            self._io.admit(tenant, out[3])
+            self.reads += out[3]
+            self.resident_reads += out[3]
+        return out
 
     def _chunk_keys(self, pids: np.ndarray, gens: np.ndarray, found: np.ndarray | None, in_place: bool
                     ) -> "_ReadPlan":
@@ -834,13 +868,16 @@ class RocksStore:
 
     def stats(self) -> dict:
         with self._gate:
-            sst_bytes = int(self._db.property_int_value("rocksdb.total-sst-files-size") or 0) if self._cf else 0
+            # per column family: the default one (the database handle's) holds almost nothing
+            sst_bytes = sum(int(cf.property_int_value("rocksdb.total-sst-files-size") or 0)
+                            for cf in self._cf.values())
         return {
             "kind": "rocksdb",
             "reads": self.reads,
             "read_bytes": self.read_bytes,
             "block_cache_usage": self._cache.get_usage(),
             "kept_bytes": self._kept.live_bytes,
+            "resident_reads": self.resident_reads,
             "kept_allocated_bytes": self._kept.allocated_bytes,
             "sst_bytes": sst_bytes,
             "writes_stopped": self._write_error is not None,

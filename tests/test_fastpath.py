@@ -1,0 +1,114 @@
+"""The small-search fast path (``native.fast``, ``RocksStore.scan_resident``): searches of a
+few queries scan the postings kept in memory where they lie and read only the others; they
+find what the general path (batches) finds, while writes, deletes and rebalancing go on."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import vindex
+from vindex.config import SMALL_SEARCH_QUERIES
+from conftest import run_for
+
+# the head graph for every search, so that batches and single queries choose the same heads
+GRAPH = {"exact_search_max_heads": 0}
+
+
+def _resident_reads(index: vindex.Index) -> int:
+    return index.stats()["store"]["resident_reads"]
+
+
+def _assert_singles_match_batch(index: vindex.Index, queries: np.ndarray, gone: set[int]) -> None:
+    assert queries.shape[0] > SMALL_SEARCH_QUERIES  # the batch takes the general path
+    batch = index.search(queries, 10)
+    for i in range(queries.shape[0]):
+        one = index.search(queries[i], 10)
+        np.testing.assert_array_equal(one.ids[0], batch.ids[i])
+        np.testing.assert_array_equal(one.distances[0], batch.distances[i])
+        assert not gone.intersection(one.ids[0].tolist())
+
+
+def test_fast_path_matches_the_general_path_through_updates_and_rebalancing(tmp_path, bigann):
+    base = bigann["base"][:6000].astype(np.float32)
+    queries = bigann["queries"][:SMALL_SEARCH_QUERIES + 4].astype(np.float32)
+    index = vindex.Index.build(tmp_path / "f", base[:3000], posting_limit_bytes=8 * 1024, **GRAPH)
+    index.search(queries, 10)  # the read keeps the postings in memory
+    before = _resident_reads(index)
+    _assert_singles_match_batch(index, queries, set())
+    assert _resident_reads(index) > before  # the singles took the fast path
+    rng = np.random.default_rng(0)
+    gone: set[int] = set()
+    for lo in range(3000, 6000, 1000):  # appends grow postings, splits replace them
+        index.upsert(np.arange(lo, lo + 1000), base[lo:lo + 1000])
+        dead = rng.choice(np.arange(lo + 1000), 200, replace=False)
+        index.delete(dead)
+        gone.update(dead.tolist())
+        moved = rng.choice(np.setdiff1d(np.arange(lo + 1000), dead), 100, replace=False)
+        index.upsert(moved, base[moved] + 500.0)  # their old copies turn stale
+        _assert_singles_match_batch(index, queries, gone)
+        assert index.wait_idle(timeout=60)
+        _assert_singles_match_batch(index, queries, gone)
+    assert index.stats()["splits"] > 0
+    index.close()
+
+
+def test_fast_path_never_returns_an_acknowledged_delete(tmp_path, bigann):
+    """One-query searches in threads while a writer deletes and inserts: a search that
+    starts after a delete was acknowledged never returns the id."""
+    base = bigann["base"][:4000].astype(np.float32)
+    extra = bigann["base"][4000:8000].astype(np.float32)
+    index = vindex.Index.build(tmp_path / "d", base, posting_limit_bytes=8 * 1024)
+    index.search(base[::10], 10)
+    lock = threading.Lock()
+    deleted: set[int] = set()
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        order = np.random.default_rng(1).permutation(4000)
+        fresh = 4000
+        for lo in range(0, 3000, 20):  # deleted ids are never written again
+            if stop.is_set():
+                return
+            index.upsert(np.arange(fresh, fresh + 20), extra[fresh - 4000:fresh - 3980])
+            fresh += 20
+            index.delete(order[lo:lo + 20])
+            with lock:
+                deleted.update(order[lo:lo + 20].tolist())
+
+    def reader(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            with lock:
+                gone = set(deleted)
+            i = int(rng.integers(4000))
+            ids = index.search(base[i], 10).ids[0]
+            bad = gone.intersection(ids.tolist())
+            if bad:
+                errors.append(f"deleted ids {sorted(bad)} returned")
+
+    before = _resident_reads(index)
+    run_for([threading.Thread(target=writer)] + [threading.Thread(target=reader, args=(s,)) for s in range(2)],
+            3, stop)
+    assert not errors, errors[:5]
+    assert _resident_reads(index) > before
+    index.close()
+
+
+def test_resident_bytes_bounds_the_postings_kept(tmp_path, bigann):
+    base = bigann["base"][:3000].astype(np.float32)
+    queries = bigann["queries"][:50].astype(np.float32)
+    vindex.Index.build(tmp_path / "r", base, posting_limit_bytes=8 * 1024).close()
+    with vindex.Index.open(tmp_path / "r") as ix:
+        want = [ix.search(q, 10).ids for q in queries]
+    for budget in (0, 64 * 1024):
+        with vindex.Index.open(tmp_path / "r", resident_bytes=budget) as ix:
+            got = [ix.search(q, 10).ids for q in queries]
+            store = ix.stats()["store"]
+            assert store["kept_allocated_bytes"] <= budget
+            assert (store["resident_reads"] > 0) == (budget > 0)
+        np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))
+    with pytest.raises(ValueError, match="resident_bytes"):
+        vindex.Index.open(tmp_path / "r", resident_bytes=-2)
