@@ -29,37 +29,35 @@ def _until_in_sync(shard, attempts: int = 60) -> None:
 
 def test_actor_kills_during_ingest_lose_nothing_acknowledged(ray_local, tmp_path):
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(6000, DIM)).astype(np.float32)
-    acked: list[int] = []
-    kills = 0
+    x = rng.normal(size=(60_000, DIM)).astype(np.float32)
+    kills, rows = 0, 0
     with ShardedIndex.create("k", DIM, shards=2, replicas=1, path=tmp_path / "c", actor_cpus=CPUS) as index:
         actors = [a for s in index._shards for a in s.actors]
-        stop = threading.Event()
-        started = threading.Event()
+        stop, started = threading.Event(), threading.Event()
 
         def killer() -> None:
             nonlocal kills
             started.wait()
-            while not stop.is_set() and kills < 4:
+            while kills < 3 and not stop.is_set():
                 _kill(actors[kills % len(actors)])
                 kills += 1
-                stop.wait(1.5)
+                stop.wait(1.0)
 
         thread = threading.Thread(target=killer)
         thread.start()
         try:
-            for lo in range(0, x.shape[0], 200):
-                index.upsert(np.arange(lo, lo + 200), x[lo:lo + 200])
-                acked.extend(range(lo, lo + 200))
+            while (kills < 3 or not started.is_set()) and rows < x.shape[0]:  # ingest until the kills are done
+                index.upsert(np.arange(rows, rows + 200), x[rows:rows + 200])
+                rows += 200  # acknowledged
                 started.set()
         finally:
             stop.set()
             thread.join()
-        assert kills >= 2
-        got = index.get(acked)
+        assert kills == 3
+        got = index.get(np.arange(rows))
         assert got.found.all(), f"{(~got.found).sum()} acknowledged writes lost"
-        np.testing.assert_array_equal(got.vectors, x[acked])
-        assert len(index) == len(acked)
+        np.testing.assert_array_equal(got.vectors, x[:rows])
+        assert len(index) == rows
         assert sum(s.restored for s in index._shards) >= 1
 
 

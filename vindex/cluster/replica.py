@@ -39,6 +39,18 @@ class BehindError(RuntimeError):
         return (BehindError, (self.seq,))
 
 
+def _serve_at_normal_priority() -> None:
+    """Ray starts worker processes at nice 15 (``RAY_worker_niceness``) so that background
+    tasks yield to the raylet; a replica serves searches and acknowledges writes, and at nice
+    15 it lost the cores to every other process of the machine. Back to 0 where the process
+    may raise its priority (root, CAP_SYS_NICE); as it is elsewhere."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except (OSError, AttributeError):  # not permitted, or not POSIX
+        pass
+
+
 def apply_write(index: Index, write: tuple[str, dict], replay: bool) -> Any:
     """Run one logged write on ``index``. A replayed ``add`` is an upsert: the write was
     checked when it was first applied, and the index may already hold it."""
@@ -60,6 +72,7 @@ class ShardReplica:
     """The actor's body (``ray.remote`` is applied by :mod:`vindex.cluster.placement`)."""
 
     def __init__(self, path: str, dim: int, metric: str, id_type: str | None, config: dict):
+        _serve_at_normal_priority()
         os.makedirs(path, exist_ok=True)
         index_dir = os.path.join(path, "index")
         if os.path.exists(os.path.join(index_dir, "vindex.json")):
