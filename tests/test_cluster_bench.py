@@ -1,4 +1,4 @@
-"""bench/sharded.py end to end on a small synthetic set (slow: it starts several collections)."""
+"""bench/sharded.py end to end on a small synthetic set."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,6 @@ import pytest
 pytest.importorskip("ray")
 
 
-@pytest.mark.slow
 def test_sharded_bench_runs_small(ray_local, tmp_path):
     from bench import sharded
 

@@ -69,6 +69,7 @@ def test_searches_answer_while_a_replica_is_down_and_it_catches_up(ray_local, tm
         shard = index._shards[0]
         victim = shard.actors[0]
         _kill(victim)
+        assert index.stats()["live"] == 1000 and len(index) == 1000  # answered by the other replica
         # while it restarts, every search answers, and never from the replica that lacks the
         # newest writes
         for lo in range(1000, 2000, 100):

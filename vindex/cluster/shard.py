@@ -213,6 +213,13 @@ class Shard:
         return self.collect(self.submit(method, *args), method, *args)
 
     def broadcast(self, method: str, *args: Any) -> list:
-        """``method`` on every in-sync replica (maintenance: wait_idle, checkpoint, stats)."""
-        refs = [getattr(a, method).remote(*args) for a, ok in zip(self.actors, self.in_sync) if ok]
-        return [result(ref) for ref in refs]
+        """``method`` on every in-sync replica (maintenance: wait_idle, checkpoint, stats); the
+        answers of those that answered (one that went down leaves the in-sync set)."""
+        refs = {r: getattr(a, method).remote(*args) for r, (a, ok) in enumerate(zip(self.actors, self.in_sync)) if ok}
+        out = []
+        for r, ref in refs.items():
+            try:
+                out.append(result(ref))
+            except REPLICA_DOWN as exc:
+                self._mark_stale(r, exc)
+        return out
