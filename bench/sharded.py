@@ -3,7 +3,8 @@
     python -m bench.sharded --dataset synthetic-1m
 
 1. Ingest: the same rows upserted in batches of ``--batch`` by ``--writers`` threads into one
-   ``vindex.Index`` and into a ``ShardedIndex`` of ``--shards`` shards (1 replica): rows/s.
+   ``vindex.Index`` and into a ``ShardedIndex`` of ``--shards`` shards (1 replica), in turns
+   of ``--chunk`` rows (the shared machine's load falls on both alike): rows/s.
 2. Batch search QPS (all queries in one call) over a sweep of ``max_postings``, recall@10,
    and the QPS of each at recall ``--target`` (interpolated on the frontier).
 3. Batch-size-1 p50/p99 of the sharded collection idle, then while another thread upserts
@@ -37,14 +38,25 @@ def log(msg: str) -> None:
     print(f"[sharded] {msg}", file=sys.stderr, flush=True)
 
 
-def ingest(index, x: np.ndarray, batch: int, writers: int) -> float:
-    """Rows/s of upserting ``x`` (ids 0..n-1) in batches, ``writers`` calls at a time."""
+def ingest(index, x: np.ndarray, first: int, batch: int, writers: int) -> float:
+    """Seconds to upsert ``x`` (ids ``first``, ``first + 1``, ...) in batches, ``writers``
+    calls at a time."""
     starts = range(0, x.shape[0], batch)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(writers) as pool:
-        list(pool.map(lambda lo: index.upsert(np.arange(lo, min(lo + batch, x.shape[0])), x[lo:lo + batch]),
+        list(pool.map(lambda lo: index.upsert(first + np.arange(lo, min(lo + batch, x.shape[0])), x[lo:lo + batch]),
                       starts))
-    return x.shape[0] / (time.perf_counter() - t0)
+    return time.perf_counter() - t0
+
+
+def ingest_both(indexes: list, x: np.ndarray, chunk: int, batch: int, writers: int) -> list[float]:
+    """Rows/s of each index ingesting ``x``, in turns of ``chunk`` rows, so that the load
+    other processes put on the machine meanwhile falls on all of them alike."""
+    seconds = [0.0] * len(indexes)
+    for lo in range(0, x.shape[0], chunk):
+        for i, index in enumerate(indexes):
+            seconds[i] += ingest(index, x[lo:lo + chunk], lo, batch, writers)
+    return [x.shape[0] / s for s in seconds]
 
 
 def sweep(index, queries: np.ndarray, gt: np.ndarray, settings: list[int], repeat: int) -> list[dict]:
@@ -154,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--writers", type=int, default=2)
+    ap.add_argument("--chunk", default="100k", help="rows each ingests in turn")
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--settings", default="8,12,16,24,32,48,64")
     ap.add_argument("--repeat", type=int, default=3)
@@ -178,16 +191,16 @@ def main(argv: list[str] | None = None) -> int:
         gt = datasets.ground_truth(base, queries, 10, ds.metric)[0]
     root = tempfile.mkdtemp(prefix="vindex-sharded-")
     out: dict = {"dataset": args.dataset, "rows": int(base.shape[0]), "dim": int(base.shape[1]),
-                 "shards": args.shards, "batch": args.batch, "writers": args.writers,
+                 "shards": args.shards, "batch": args.batch, "writers": args.writers, "chunk": args.chunk,
                  "cpus": ray.cluster_resources().get("CPU")}
     try:
         log(f"{base.shape[0]} rows, {queries.shape[0]} queries, {args.shards} shards")
         one = vindex.Index.create(f"{root}/one", dim=base.shape[1], metric=ds.metric)
         sharded = ShardedIndex.create("bench", base.shape[1], ds.metric, shards=args.shards, path=f"{root}/sharded")
-        rate_one = ingest(one, base, args.batch, args.writers)
-        log(f"ingest one Index: {rate_one:.0f} rows/s")
-        rate_sharded = ingest(sharded, base, args.batch, args.writers)
-        log(f"ingest {args.shards} shards: {rate_sharded:.0f} rows/s (x{rate_sharded / rate_one:.2f})")
+        rate_one, rate_sharded = ingest_both([one, sharded], base, datasets.parse_count(args.chunk), args.batch,
+                                             args.writers)
+        log(f"ingest: one Index {rate_one:.0f} rows/s, {args.shards} shards {rate_sharded:.0f} rows/s "
+            f"(x{rate_sharded / rate_one:.2f})")
         one.wait_idle()
         sharded.wait_idle()
         out["ingest"] = {"one_rows_per_s": rate_one, "sharded_rows_per_s": rate_sharded,
