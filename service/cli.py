@@ -1,6 +1,7 @@
 """The ``vindex`` command line.
 
     vindex serve  [--data DIR] [--host H] [--port P] [--sample wiki]   run the gRPC server
+                  [--ray ADDRESS|auto --shards S --replicas R]   collections sharded over Ray actors
                   [--tenants FILE] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
     vindex create NAME --dim D [--metric cosine] [--set key=value ...]  create a collection
     vindex ingest NAME FILE [--batch N]       stream a vector or record file in (resumable, with progress)
@@ -44,10 +45,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0.05 <= args.switch_interval_ms <= 100:
         raise SystemExit(f"--switch-interval-ms: expected 0.05..100, got {args.switch_interval_ms}")
     sys.setswitchinterval(args.switch_interval_ms / 1000)
+    sharding = None
+    if args.ray is not None:
+        from .collections import Sharding
+
+        sharding = Sharding(args.ray, shards=args.shards, replicas=args.replicas)
+    elif (args.shards, args.replicas) != (2, 1):
+        raise SystemExit("vindex serve: --shards and --replicas shard collections over Ray: give --ray too")
     cfg = ServerConfig(data_dir=args.data, host=args.host, port=args.port, workers=args.workers,
                        limits=limits, sample=None if args.sample == "none" else args.sample,
                        tenants=args.tenants, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                       tls_client_ca=args.tls_client_ca)
+                       tls_client_ca=args.tls_client_ca, sharding=sharding)
 
     def ready(server: Any) -> None:
         names = server.collections.names()
@@ -262,6 +270,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     s.add_argument("--tls-client-ca", metavar="FILE",
                    help="PEM CA bundle: require client certificates it signed (mutual TLS)")
+    s.add_argument("--ray", metavar="ADDRESS", help="shard every collection over Ray actors on the cluster at "
+                   "ADDRESS ('auto': the one 'ray start' made on this machine; 'local': start one here)")
+    s.add_argument("--shards", type=_positive(int), default=2, help="with --ray: shards of a new collection")
+    s.add_argument("--replicas", type=_positive(int), default=1, help="with --ray: replicas of each shard")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.add_argument("--switch-interval-ms", type=float, default=0.25,
                    help="GIL switch interval: how long a thread holding the GIL keeps a waiting search "

@@ -13,6 +13,7 @@ removes the leftovers.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -39,6 +40,41 @@ SUBDIR = "collections"
 #: by another process, a bad runtime setting) stops the server.
 DAMAGED = (errors.CorruptionError, errors.NotAnIndexError)
 DROPPING_PREFIX = ".dropping-"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharding:
+    """``vindex serve --ray``: every collection is a :class:`vindex.cluster.ShardedIndex` of
+    ``shards`` x ``replicas`` actors on the Ray cluster at ``address`` ("auto": the local one)."""
+    address: str
+    shards: int = 2
+    replicas: int = 1
+
+    @property
+    def marker(self) -> str:
+        """The file whose presence says a collection's creation finished."""
+        return "cluster.json"
+
+    def open(self, path: str) -> Any:
+        from vindex.cluster import ShardedIndex
+
+        return ShardedIndex.open(path, ray_address=self.address)
+
+    def create(self, path: str, name: str, dim: int, metric: str, id_type: str | None, vectors: Any,
+               metadata: Any, documents: Any, config: dict) -> Any:
+        import numpy as np
+
+        from vindex.cluster import ShardedIndex
+
+        index = ShardedIndex.create(name, dim, metric, shards=self.shards, replicas=self.replicas, path=path,
+                                    ray_address=self.address, id_type=id_type, **config)
+        if vectors is not None:
+            try:
+                index.upsert(np.arange(len(vectors)), vectors, metadata=metadata, documents=documents)
+            except BaseException:
+                index.close()
+                raise
+        return index
 
 
 def check_name(name: str) -> str:
@@ -86,10 +122,13 @@ class _Entry:
 class Collections:
     """The registry of open collections under ``data_dir``. Thread-safe."""
 
-    def __init__(self, data_dir: str, on_open: Callable[[vindex.Index], None] | None = None, **runtime: Any):
-        """``on_open`` is called with each index opened or created (before any call uses it)."""
+    def __init__(self, data_dir: str, on_open: Callable[[vindex.Index], None] | None = None,
+                 sharding: Sharding | None = None, **runtime: Any):
+        """``on_open`` is called with each index opened or created (before any call uses it);
+        with ``sharding``, collections are sharded over Ray actors."""
         self.root = os.path.join(os.path.abspath(data_dir), SUBDIR)
         self._runtime = runtime
+        self._sharding = sharding
         self._on_open = on_open or (lambda index: None)
         self._entries: dict[str, _Entry] = {}
         self._cond = threading.Condition()
@@ -107,12 +146,13 @@ class Collections:
                 continue
             if not NAME_RE.fullmatch(name) or not os.path.isdir(path):
                 continue
-            if not os.path.exists(os.path.join(path, "vindex.json")):
+            if not os.path.exists(os.path.join(path, self._sharding.marker if self._sharding else "vindex.json")):
                 log.warning("removing %s: a collection whose creation did not finish", path)
                 shutil.rmtree(path, ignore_errors=True)
                 continue
             try:
-                self._entries[name] = _Entry(name, self._opened(vindex.Index.open(path, **self._runtime)))
+                index = (self._sharding.open(path) if self._sharding else vindex.Index.open(path, **self._runtime))
+                self._entries[name] = _Entry(name, self._opened(index))
             except DAMAGED as exc:  # serve the others; calls on it get DATA_LOSS
                 log.error("collection %s is damaged and stays closed: %s", name, exc)
                 self._entries[name] = _Entry(name, None, broken=exc)
@@ -165,10 +205,12 @@ class Collections:
             if os.path.exists(path):  # left behind by a failed create
                 shutil.rmtree(path)
             settings = {**self._runtime, **config}
-            index = self._opened(vindex.Index.create(path, dim=dim, metric=metric, id_type=id_type, **settings)
-                                 if vectors is None
-                                 else vindex.Index.build(path, vectors, metric=metric, metadata=metadata,
-                                                         documents=documents, **settings))
+            index = self._opened(
+                self._sharding.create(path, name, dim, metric, id_type, vectors, metadata, documents, settings)
+                if self._sharding
+                else vindex.Index.create(path, dim=dim, metric=metric, id_type=id_type, **settings) if vectors is None
+                else vindex.Index.build(path, vectors, metric=metric, metadata=metadata, documents=documents,
+                                        **settings))
         except BaseException:
             with self._cond:
                 del self._entries[name]

@@ -39,7 +39,7 @@ from . import vindex_pb2 as pb
 from . import vindex_pb2_grpc as pb_grpc
 from .admission import Admission, AdmissionInterceptor
 from .batching import Rows, SearchBatcher
-from .collections import Collections
+from .collections import Collections, Sharding
 from .decoding import decode_request_ids, decode_vectors, values_sent
 from .payloads import decode_documents, decode_filter, decode_metadata, encode_rows, from_struct
 from .status import RequestTooLargeError, code_for, library_error, message, trailers
@@ -523,6 +523,7 @@ class ServerConfig:
     tls_cert: str | None = None      # PEM certificate chain; with tls_key, serve TLS only
     tls_key: str | None = None       # PEM private key
     tls_client_ca: str | None = None  # PEM CA bundle: require client certificates it signed
+    sharding: Sharding | None = None  # serve --ray: collections sharded over Ray actors
 
 
 class Server:
@@ -540,7 +541,7 @@ class Server:
         # a machine with few cores an ingest does not take the cores searches need.
         self.update_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vindex-update",
                                               initializer=lower_thread_priority)
-        self.collections = Collections(config.data_dir,
+        self.collections = Collections(config.data_dir, sharding=config.sharding,
                                        on_open=None if self.tenants is None else self.tenants.apply_io_quotas)
         self.servicer = VectorIndexServicer(self.collections, self.pool, config.limits, self.update_pool)
         self.health = health_aio.HealthServicer()

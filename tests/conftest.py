@@ -76,3 +76,13 @@ def wait_until(cond, what: str = "the condition", timeout: float = 10.0) -> None
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.001)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray of 2 CPUs for the whole session (tests/test_cluster*.py), started on first use."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,179 @@
+"""One replica of one shard: the Ray actor that owns a :class:`vindex.Index` and its write log.
+
+The coordinator (:mod:`vindex.cluster.shard`) numbers a shard's writes 1, 2, 3...; a replica
+applies write ``n`` only after ``n - 1`` (:class:`BehindError` otherwise) and ignores one it
+already has, so a write retried after a crash is applied once. A replica starts (and restarts)
+not serving: the coordinator first brings it up to date from a peer's log, then calls
+:meth:`ShardReplica.serve`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from typing import Any
+
+import numpy as np
+
+from vindex import Index
+from vindex.errors import VindexError
+
+from .writelog import WriteLog
+
+#: Threads of a replica actor: searches run beside each other and beside the shard's one write.
+ACTOR_CONCURRENCY = 16
+
+
+class NotServingError(RuntimeError):
+    """The replica has (re)started and is not yet known to be up to date."""
+
+
+class BehindError(RuntimeError):
+    """The replica missed writes: it has applied up to ``seq``."""
+
+    def __init__(self, seq: int):
+        super().__init__(f"replica has writes up to {seq} only")
+        self.seq = seq
+
+    def __reduce__(self):
+        return (BehindError, (self.seq,))
+
+
+def _serve_at_normal_priority() -> None:
+    """Ray starts worker processes at nice 15 (``RAY_worker_niceness``) so that background
+    tasks yield to the raylet; a replica serves searches and acknowledges writes, and at nice
+    15 it lost the cores to every other process of the machine. Back to 0 where the process
+    may raise its priority (root, CAP_SYS_NICE); as it is elsewhere."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except (OSError, AttributeError):  # not permitted, or not POSIX
+        pass
+
+
+def apply_write(index: Index, write: tuple[str, dict], replay: bool) -> Any:
+    """Run one logged write on ``index``. A replayed ``add`` is an upsert: the write was
+    checked when it was first applied, and the index may already hold it."""
+    kind, args = write
+    if kind == "add" and replay:
+        kind = "upsert"
+    if kind in ("upsert", "add"):
+        getattr(index, kind)(args["ids"], args["vectors"], metadata=args.get("metadata"),
+                             documents=args.get("documents"))
+        return None
+    if kind == "delete":
+        return index.delete(args.get("ids"), filter=args.get("filter"))
+    if kind == "set_metadata":
+        return index.set_metadata(args["ids"], args["metadata"], merge=args["merge"])
+    raise ValueError(f"unknown write {kind!r}")
+
+
+class ShardReplica:
+    """The actor's body (``ray.remote`` is applied by :mod:`vindex.cluster.placement`)."""
+
+    def __init__(self, path: str, dim: int, metric: str, id_type: str | None, config: dict):
+        _serve_at_normal_priority()
+        os.makedirs(path, exist_ok=True)
+        index_dir = os.path.join(path, "index")
+        if os.path.exists(os.path.join(index_dir, "vindex.json")):
+            self.index = Index.open(index_dir)
+        else:  # new, or a creation that did not finish
+            shutil.rmtree(index_dir, ignore_errors=True)
+            self.index = Index.create(index_dir, dim=dim, metric=metric, id_type=id_type, **config)
+        self.log = WriteLog(os.path.join(path, "writes.log"), fsync=config.get("durability") == "fsync")
+        self._lock = threading.Lock()  # writes, catch-up and trims, one at a time
+        self._serving = False
+        last = self.log.last()
+        if last is not None:  # the process may have stopped between logging it and applying it
+            self._apply(last[1], replay=True)
+
+    def _apply(self, write: tuple[str, dict], replay: bool) -> Any:
+        try:
+            return apply_write(self.index, write, replay)
+        except VindexError:
+            if replay:  # it failed the same way when first applied (bad input: nothing written)
+                return None
+            raise
+
+    # --- writes -------------------------------------------------------------------------------
+    def apply(self, seq: int, write: tuple[str, dict]) -> Any:
+        """Apply the shard's write number ``seq``; None if it was applied before."""
+        with self._lock:
+            if not self._serving:
+                raise NotServingError("replica is recovering")
+            if seq <= self.log.last_seq:
+                return None
+            if seq != self.log.last_seq + 1:
+                raise BehindError(self.log.last_seq)
+            self.log.append(seq, write)
+            return self._apply(write, replay=False)
+
+    def catch_up(self, records: list[tuple[int, tuple[str, dict]]]) -> int:
+        """Apply a peer's log records this replica lacks; returns its sequence number after."""
+        with self._lock:
+            for seq, write in records:
+                if seq <= self.log.last_seq:
+                    continue
+                if seq != self.log.last_seq + 1:
+                    raise BehindError(self.log.last_seq)
+                self.log.append(seq, write)
+                self._apply(write, replay=True)
+            return self.log.last_seq
+
+    def log_since(self, seq: int) -> list[tuple[int, tuple[str, dict]]]:
+        return self.log.since(seq)
+
+    def trim(self, keep_after: int) -> int:
+        with self._lock:
+            return self.log.trim(keep_after)
+
+    def serve(self, seq: int) -> bool:
+        """Start serving if this replica has every write up to ``seq``."""
+        with self._lock:
+            self._serving = self.log.last_seq >= seq
+            return self._serving
+
+    def state(self) -> dict:
+        return {"seq": self.log.last_seq, "serving": self._serving, "pid": os.getpid(),
+                "log_bytes": self.log.bytes, "log_first": self.log.first_seq}
+
+    # --- reads --------------------------------------------------------------------------------
+    def _check_serving(self) -> None:
+        if not self._serving:
+            raise NotServingError("replica is recovering")
+
+    def search(self, queries: np.ndarray, k: int, params: dict) -> tuple:
+        self._check_serving()
+        res = self.index.search(queries, k, **params)
+        return res.ids, res.distances, res.stats, res.included
+
+    def get(self, ids: Any, include: Any) -> tuple:
+        self._check_serving()
+        res = self.index.get(ids, include=include)
+        return res.vectors, res.found, res.included
+
+    def count(self, filter: Any) -> int:
+        self._check_serving()
+        return self.index.count(filter)
+
+    def scroll_page(self, filter: Any, batch: int, include: Any, cursor: int | None) -> tuple:
+        self._check_serving()
+        page = next(self.index.scroll(filter, batch=batch, include=include, cursor=cursor))
+        return page.ids, page.cursor, page.included
+
+    def live(self) -> int:
+        self._check_serving()
+        return len(self.index)
+
+    def stats(self) -> dict:
+        return {**self.index.stats(), "replica": self.state()}
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        return self.index.wait_idle(timeout)
+
+    def checkpoint(self) -> None:
+        self.index.checkpoint()
+
+    def close(self) -> None:
+        self.index.close()
+        self.log.close()
