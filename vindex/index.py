@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import checkpoint, filtered, ids as idkinds, layout, oplog, payloads, validation, writes
+from . import checkpoint, filtered, gauges, ids as idkinds, layout, oplog, payloads, validation, writes
 from .build import build_postings
 from .checkpointer import Checkpointer
 from .config import SMALL_SEARCH_QUERIES, IndexConfig, check_metric, record_bytes
@@ -24,8 +24,10 @@ from .idmap import DELETED, IdMap
 from .iosched import IOTargets, yielding_pool
 from .progress import enabled
 from .rebalance import STALE_ARRAYS, Rebalancer, drop_orphans, policy
+from .recall_monitor import RecallMonitor
 from .results import GetResult, ScrollPage, SearchResult
 from .search import search as run_search
+from .searchtap import SearchTap
 from .state import State
 from .strids import StrIds
 from .storage import Change, IOClass, open_store, records
@@ -60,8 +62,10 @@ class _Threads:
         faiss.omp_set_num_threads(self._faiss)
 
 
-def _shutdown(rebalancer: Rebalancer, checkpoints: Checkpointer, pool: ThreadPoolExecutor, store) -> None:
+def _shutdown(monitor: RecallMonitor, rebalancer: Rebalancer, checkpoints: Checkpointer, pool: ThreadPoolExecutor,
+              store) -> None:
     """Stop the background work and release the store (``close`` or garbage collection)."""
+    monitor.close()
     rebalancer.close()
     checkpoints.close()
     pool.shutdown(wait=True)
@@ -90,9 +94,13 @@ class Index:
         self._plans = filtered.PlanCache()
         if orphans:  # dropped by the background once the store can write; never reused before
             self._rebalancer.cuts.defer(orphans, {})
+        self._tap = SearchTap(engine.dim)
+        self._monitor = RecallMonitor(self, k=cfg.recall_k, cpu_share=cfg.recall_monitor_cpu,
+                                      alert=cfg.recall_alert)
         engine.checkpoints.start_thread()
-        self._finalizer = weakref.finalize(self, _shutdown, self._rebalancer, engine.checkpoints, self._pool,
-                                           engine.store)
+        self._finalizer = weakref.finalize(self, _shutdown, self._monitor, self._rebalancer, engine.checkpoints,
+                                           self._pool, engine.store)
+        self._monitor.start()
         # postings left over their limit or full of garbage by an earlier process
         g = engine.state.graph
         if g.n:
@@ -318,6 +326,7 @@ class Index:
         if self.metric == "cosine":
             dists = dists * np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors
         eng.observe_search(time.perf_counter() - started, q.shape[0])
+        self._tap.searched(q)
         return SearchResult(idkinds.to_user(st, ids), dists, work, self._included(ids, include, str(tenant)))
 
     def _included(self, exts: np.ndarray, include: frozenset[str], tenant: str = "default") -> dict:
@@ -443,6 +452,7 @@ class Index:
             written = np.asarray(list(change.appends) + list(change.replaces), dtype=np.int64)
             self._after_write(written, old_homes)
             self._rebalancer.earn_scrub(int(exts.size))
+            self._tap.rows_written += n
         eng.acknowledge(seq)
         self._pace_writes(started)
 
@@ -471,9 +481,11 @@ class Index:
             eng.commit(change, rec, IOClass.UPDATE)
             seq = eng.seq
             self._after_write(np.zeros(0, np.int64), old_homes)
+            deleted = int(rec.arrays["d_vids"].shape[0])
+            self._tap.rows_deleted += deleted
         eng.acknowledge(seq)
         self._pace_writes(started)
-        return int(rec.arrays["d_vids"].shape[0])
+        return deleted
 
     def _pace_writes(self, started: float) -> None:
         """Under ``io_scheduler="sla"``, foreground writes get a share of wall time that
@@ -682,16 +694,29 @@ class Index:
             "update_duty": eng.update_pacer.duty,
             "update_paused_s": eng.update_pacer.paused_s,
             "fsyncs": eng.group.syncs,
-            "memory_bytes": self._memory_bytes(),
+            "memory_bytes": gauges.state_bytes(eng),
+            "recall": self._monitor.estimate(),
             "build": dict(eng.build_stats),
             "store": eng.store.stats(),
         }
 
-    def _memory_bytes(self) -> int:
-        st = self._engine.state
-        g, m = st.graph, st.idmap
-        return int(g.vectors.nbytes + g.nbrs.nbytes + g.alive.nbytes + m.vid2ext.nbytes
-                   + m.versions.nbytes + m.home.nbytes + m.table.nbytes + st.garbage.nbytes)
+    def metrics(self) -> dict:
+        """Counters and gauges for monitoring (docs/observability.md): searches, queries and
+        rows written so far, live vectors, postings, the background backlog by kind, the I/O
+        scheduler's queues and yields, bytes on disk and in memory, RSS, the recall estimate.
+        Cheap enough for every scrape; searches pay only two counter increments for it."""
+        self._check_open()
+        return gauges.collect(self._engine, self._rebalancer, self._tap, self._monitor)
+
+    def check_recall(self, queries: int | None = None) -> dict:
+        """Run one recall-monitor pass now over ``queries`` sampled queries (default 64;
+        recent searches, else stored vectors) and return the estimate as ``stats()["recall"]``
+        shows it: ``recall`` (mean recall@k of the last 256 queries checked), its 95%
+        interval ``low``..``high``, ``samples``, ``source``, ``passes``."""
+        self._check_open()
+        n = None if queries is None else validation.positive_int(queries, "queries", upper=100_000)
+        self._monitor.check(n)
+        return self._monitor.estimate()
 
     def verify(self) -> "VerifyReport":
         """Check the index's invariants (see :mod:`vindex.verify`) and report each violation.
@@ -718,6 +743,7 @@ class Index:
             if self._closed:
                 return
             self._closed = True
+        self._monitor.close()
         self._rebalancer.close()
         eng.checkpoints.close()
         try:
