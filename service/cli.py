@@ -1,6 +1,7 @@
 """The ``vindex`` command line.
 
     vindex serve  [--data DIR] [--host H] [--port P] [--sample wiki]   run the gRPC server
+                  [--metrics-port PORT] [--log-json]
                   [--tenants FILE] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
     vindex create NAME --dim D [--metric cosine] [--set key=value ...]  create a collection
     vindex ingest NAME FILE [--batch N]       stream a vector or record file in (resumable, with progress)
@@ -47,7 +48,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = ServerConfig(data_dir=args.data, host=args.host, port=args.port, workers=args.workers,
                        limits=limits, sample=None if args.sample == "none" else args.sample,
                        tenants=args.tenants, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                       tls_client_ca=args.tls_client_ca)
+                       tls_client_ca=args.tls_client_ca, metrics_port=args.metrics_port)
+    if args.metrics_port is not None:
+        from .metrics import require
+
+        require()  # a clear error now, not after the collections opened
 
     def ready(server: Any) -> None:
         names = server.collections.names()
@@ -262,6 +267,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     s.add_argument("--tls-client-ca", metavar="FILE",
                    help="PEM CA bundle: require client certificates it signed (mutual TLS)")
+    s.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics (needs prometheus-client: "
+                        "pip install 'vindex[metrics]'); 0 picks a free port")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.add_argument("--switch-interval-ms", type=float, default=0.25,
                    help="GIL switch interval: how long a thread holding the GIL keeps a waiting search "

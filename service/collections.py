@@ -130,6 +130,20 @@ class Collections:
         with self._cond:
             return sorted(n for n, e in self._entries.items() if not e.dropping)
 
+    def has(self, name: str) -> bool:
+        """Whether a collection of this name exists (no lock: one dict lookup)."""
+        entry = self._entries.get(name)
+        return entry is not None and not entry.dropping
+
+    def open_indexes(self) -> Iterator[tuple[str, vindex.Index]]:
+        """``(name, index)`` of each open collection, pinned while the caller holds it."""
+        for name in self.names():
+            try:
+                with self.use(name) as index:
+                    yield name, index
+            except errors.VindexError:  # dropped meanwhile, or damaged: nothing to read
+                continue
+
     def create(self, name: str, *, dim: int, metric: str, config: dict, if_not_exists: bool = False,
                vectors: Any = None, id_type: str | None = None, metadata: Any = None,
                documents: Any = None) -> vindex.Index:

@@ -523,6 +523,7 @@ class ServerConfig:
     tls_cert: str | None = None      # PEM certificate chain; with tls_key, serve TLS only
     tls_key: str | None = None       # PEM private key
     tls_client_ca: str | None = None  # PEM CA bundle: require client certificates it signed
+    metrics_port: int | None = None  # serve Prometheus metrics on this port (0: any free one)
 
 
 class Server:
@@ -549,6 +550,8 @@ class Server:
         self.admission = Admission(config.limits)
         interceptors: list[grpc.aio.ServerInterceptor] = [
             AdmissionInterceptor(self.admission, SERVICE_NAME, self.tenants)]  # outermost: see its docstring
+        self.metrics_registry = self._metrics(interceptors) if config.metrics_port is not None else None
+        self.metrics_http: Any = None
         if self.tenants is not None:
             interceptors.append(TenantInterceptor(self.tenants, SERVICE_NAME))
         self.server = grpc.aio.server(options=grpc_options(), interceptors=interceptors)
@@ -562,6 +565,18 @@ class Server:
         self._stopping = False
         self._start_done = asyncio.Event()   # clear while start() runs: stop() waits for it
         self._start_done.set()
+
+    def _metrics(self, interceptors: list[grpc.aio.ServerInterceptor]) -> Any:
+        """The Prometheus registry: RPC metrics (an interceptor just inside admission) and
+        each collection's ``Index.metrics()`` read at scrape time."""
+        from . import metrics
+
+        registry = metrics.require().CollectorRegistry()
+        interceptors.append(metrics.MetricsInterceptor(metrics.ServiceMetrics(registry), SERVICE_NAME,
+                                                       self.collections.has))
+        registry.register(metrics.IndexCollector(self.collections.open_indexes,
+                                                 lambda: dict(self.admission.refused)))
+        return registry
 
     async def start(self) -> None:
         """Listen (health NOT_SERVING), warm up and open collections, then report SERVING."""
@@ -587,6 +602,11 @@ class Server:
             if self.credentials is None and self.config.host not in ("127.0.0.1", "localhost", "::1"):
                 log.warning("API keys travel in plaintext: serve with --tls-cert and --tls-key")
         await self.server.start()
+        if self.metrics_registry is not None:
+            from .metrics import serve_http
+
+            self.metrics_http = serve_http(self.config.metrics_port, self.config.host, self.metrics_registry)
+            log.info("metrics on http://%s:%d/metrics", self.config.host, self.metrics_http.server_port)
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         await loop.run_in_executor(self.pool, vindex.warmup)
@@ -628,6 +648,9 @@ class Server:
         except asyncio.TimeoutError:
             pass
         await self.server.stop(max(0.0, deadline - loop.time()))
+        if self.metrics_http is not None:
+            self.metrics_http.shutdown()
+            self.metrics_http.server_close()
         # on a thread of its own: calls that outlived the grace period may hold every worker
         await asyncio.get_running_loop().run_in_executor(None, self.collections.close)
         self.update_pool.shutdown(wait=True)
