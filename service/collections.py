@@ -112,7 +112,8 @@ class Collections:
                 shutil.rmtree(path, ignore_errors=True)
                 continue
             try:
-                self._entries[name] = _Entry(name, self._opened(vindex.Index.open(path, **self._runtime)))
+                index = vindex.Index.open(path, progress="log", **self._runtime)  # replay: log lines
+                self._entries[name] = _Entry(name, self._opened(index))
             except DAMAGED as exc:  # serve the others; calls on it get DATA_LOSS
                 log.error("collection %s is damaged and stays closed: %s", name, exc)
                 self._entries[name] = _Entry(name, None, broken=exc)

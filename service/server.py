@@ -492,8 +492,8 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
 
         def run():
             with self.collections.use(request.collection) as index:
-                idle = index.wait_idle(None if remaining is None else max(0.0, remaining - 0.5)) \
-                    if request.wait_idle else True
+                idle = index.wait_idle(None if remaining is None else max(0.0, remaining - 0.5),
+                                       progress="log") if request.wait_idle else True
                 index.checkpoint()
                 return pb.FlushResponse(idle=idle)
         return await self._call(context, run)

@@ -157,3 +157,30 @@ def test_background_passes_stay_within_their_cpu_share(tmp_path):
 def test_config_rejects_a_share_over_one_core(tmp_path):
     with pytest.raises(vindex.InvalidConfigError, match="recall_monitor_cpu"):
         vindex.Index.create(tmp_path / "i", dim=4, recall_monitor_cpu=2.0)
+
+
+def test_progress_of_replay_verify_and_wait_idle(tmp_path, caplog, capsys):
+    x = clusters(3000, 11)
+    path = tmp_path / "i"
+    index = small_index(path, x, rebalance=False)
+    for lo in range(0, 600, 100):  # log records the next open replays
+        index.upsert(np.arange(3000 + lo, 3100 + lo), clusters(100, 12 + lo))
+    index._closed = True  # stop as a killed process would: no checkpoint at close
+    index._finalizer()
+    with caplog.at_level(logging.INFO, logger="vindex.progress"):
+        with vindex.Index.open(path, progress="log", rebalance=True) as index:
+            assert len(index) == 3600
+            with index.pause_background():
+                index.upsert(np.arange(4000, 7000), clusters(3000, 13))
+            assert index.wait_idle(progress="log")
+            assert index.verify(progress=True).ok
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith(f"replaying the log of {path}: done, ") for line in lines), lines
+    assert any(line.startswith(f"background work of {path}: done") for line in lines), lines
+    assert "verifying the postings" in capsys.readouterr().err  # the tqdm bar
+
+
+def test_progress_rejects_an_unknown_mode(tmp_path):
+    with small_index(tmp_path / "i", clusters(100, 14)) as index:
+        with pytest.raises(ValueError, match="progress: expected True, False, None or 'log'"):
+            index.verify(progress="bar")

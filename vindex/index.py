@@ -22,7 +22,7 @@ from .filters import Filter, compile_filter, decode_metadata
 from .heads import METRIC_CODES, HeadGraph
 from .idmap import DELETED, IdMap
 from .iosched import IOTargets, yielding_pool
-from .progress import enabled
+from .progress import Mode, check_mode, enabled, track, watch
 from .rebalance import STALE_ARRAYS, Rebalancer, drop_orphans, policy
 from .recall_monitor import RecallMonitor
 from .results import GetResult, ScrollPage, SearchResult
@@ -200,10 +200,13 @@ class Index:
         return cls.build(path, np.zeros((0, int(dim)), np.float32), metric=metric, id_type=id_type, **config)
 
     @classmethod
-    def open(cls, path: str | os.PathLike, **runtime: Any) -> "Index":
+    def open(cls, path: str | os.PathLike, *, progress: Mode = None, **runtime: Any) -> "Index":
         """Open an existing index. ``runtime`` may change runtime settings such as
-        ``cache_bytes`` or ``rebalance``."""
+        ``cache_bytes`` or ``rebalance``. ``progress`` reports the replay of the log since
+        the last checkpoint: True/None (a bar; None only on a terminal), False, or "log"
+        (log lines, for servers)."""
         path = os.fspath(path)
+        progress = check_mode(progress)
         manifest = layout.read(path, runtime)
         cfg = manifest.config
         store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(manifest.dim),
@@ -221,7 +224,8 @@ class Index:
                                     exact_max_heads=exact))
             state = State(IdMap.from_arrays(arrays), graph, arrays.get("garbage"), arrays)
             engine = Engine(path, manifest, store, state, seq=seq, build_stats=stats)
-            for log_seq, data in store.log_since(seq):
+            for log_seq, data in track(store.log_since(seq), desc=f"replaying the log of {path}",
+                                       progress=progress):
                 if log_seq != engine.seq + 1:
                     raise CorruptionError(f"{path}: operation log gap: record {engine.seq + 1} is "
                                           f"missing (the next one is {log_seq})")
@@ -629,14 +633,16 @@ class Index:
             start = cursor
 
     # --- maintenance --------------------------------------------------------------------------
-    def wait_idle(self, timeout: float | None = None) -> bool:
+    def wait_idle(self, timeout: float | None = None, *, progress: Mode = False) -> bool:
         """Wait until background rebalancing has nothing queued or running; False if
         ``timeout`` seconds pass first. Raises the failure of a background round that starts
         after the call and fails (the work is retried, so a call after the cause is gone
-        returns True; a round already running when it came is not held against it)."""
+        returns True; a round already running when it came is not held against it).
+        ``progress`` shows the backlog draining (see :meth:`open`; default: nothing)."""
         self._check_open()
         started = time.monotonic()
-        idle = self._rebalancer.wait_idle(timeout)
+        with watch(f"background work of {self.path}", lambda: self._rebalancer.depth, check_mode(progress)):
+            idle = self._rebalancer.wait_idle(timeout)
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         return self._engine.checkpoints.wait_idle(left) and idle
 
@@ -718,16 +724,19 @@ class Index:
         self._monitor.check(n)
         return self._monitor.estimate()
 
-    def verify(self) -> "VerifyReport":
+    def verify(self, *, progress: Mode = False) -> "VerifyReport":
         """Check the index's invariants (see :mod:`vindex.verify`) and report each violation.
 
         Writers wait while it runs; searches do not. Postings over their limit count as a
         violation only when rebalancing is on and has nothing queued. Raises
-        :class:`CorruptionError` when the store fails its checksums."""
+        :class:`CorruptionError` when the store fails its checksums. ``progress`` reports
+        the postings read (see :meth:`open`; default: nothing)."""
         self._check_open()
+        progress = check_mode(progress)
         with self._engine.lock:
             idle = self.config.rebalance and self._rebalancer.depth == 0
-            return verify_index(self._engine, limbo=self._rebalancer.limbo_pids, check_limits=idle)
+            return verify_index(self._engine, limbo=self._rebalancer.limbo_pids, check_limits=idle,
+                                progress=progress)
 
     def checkpoint(self) -> None:
         """Save the in-memory state so reopening replays no log."""
