@@ -41,6 +41,7 @@ from .admission import Admission, AdmissionInterceptor
 from .batching import Rows, SearchBatcher
 from .collections import Collections
 from .decoding import decode_request_ids, decode_vectors, values_sent
+from .logs import add_key_digests
 from .payloads import decode_documents, decode_filter, decode_metadata, encode_rows, from_struct
 from .status import RequestTooLargeError, code_for, library_error, message, trailers
 from .tenants import TenantInterceptor, current_tenant, load_tenants
@@ -534,6 +535,8 @@ class Server:
         self.on_ready = on_ready
         # bad tenants or TLS files fail here, before the data directory is locked
         self.tenants = load_tenants(config.tenants) if config.tenants else None
+        if self.tenants is not None:  # the keys never reach a log line, whoever logs them
+            add_key_digests(d for s in self.tenants.states.values() for d in s.tenant.key_digests)
         self.credentials = server_credentials(config)
         workers = config.workers or 2 * (os.cpu_count() or 1)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vindex-rpc")
