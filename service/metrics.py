@@ -27,7 +27,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
 #: ``Index.metrics()`` keys that only grow: exported as counters (``..._total``).
 COUNTERS = frozenset({"searches", "queries", "rows_written", "rows_deleted", "splits", "merges", "reassigns",
                       "background_rounds", "background_errors", "io_yields", "io_completed", "io_dropped",
-                      "recall_monitor_passes", "recall_monitor_busy_s"})
+                      "recall_monitor_passes", "recall_monitor_busy_s", "recall_monitor_cpu_s"})
 #: The label of a collection the server does not have (keeps typos out of the label space).
 UNKNOWN = "(unknown)"
 

@@ -715,7 +715,7 @@ class Index:
         return gauges.collect(self._engine, self._rebalancer, self._tap, self._monitor)
 
     def check_recall(self, queries: int | None = None) -> dict:
-        """Run one recall-monitor pass now over ``queries`` sampled queries (default 64;
+        """Run one recall-monitor pass now over ``queries`` sampled queries (default 256;
         recent searches, else stored vectors) and return the estimate as ``stats()["recall"]``
         shows it: ``recall`` (mean recall@k of the last 256 queries checked), its 95%
         interval ``low``..``high``, ``samples``, ``source``, ``passes``."""
