@@ -27,7 +27,7 @@ import numpy as np
 
 import vindex
 
-from . import datasets, measure, report, synthetic
+from . import churn, datasets, measure, report
 
 SEARCH_CALL = 16
 
@@ -49,12 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     n = datasets.parse_count(args.n)
     k = 10
     per_round = int(n * args.fraction)
-    base, q0, _ = synthetic.load_cached(n, args.dim, 0)
-    base = np.asarray(base)
-    news = [synthetic.make(per_round, args.dim, n_queries=max(1, args.queries // 10), seed=101 + r)
-            for r in range(args.rounds)]
-    queries = np.concatenate([q0[: args.queries]] + [q for _, q in news]).astype(np.float32)
-    vectors = np.concatenate([base] + [x for x, _ in news])  # row i holds id i
+    base, queries, vectors = churn.drifting_data(n, args.dim, args.rounds, per_round, args.queries)
     rng = np.random.default_rng(0)
     work = tempfile.mkdtemp(prefix="vindex-recall-monitor-")
     rounds = []
@@ -69,14 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         live = np.arange(n, dtype=np.int64)
         for r in range(args.rounds + 1):
             if r:
-                kill = rng.choice(live, per_round, replace=False)
                 new_ids = n + (r - 1) * per_round + np.arange(per_round, dtype=np.int64)
-                for lo in range(0, per_round, args.batch):
-                    index.delete(kill[lo:lo + args.batch])
-                for lo in range(0, per_round, args.batch):
-                    index.upsert(new_ids[lo:lo + args.batch], vectors[new_ids[lo:lo + args.batch]])
-                index.wait_idle()
-                live = np.union1d(np.setdiff1d(live, kill), new_ids)
+                live = churn.churn_round(index, live, new_ids, vectors, rng, args.batch)
             gt, _ = datasets.ground_truth(vectors[live], queries, k, "l2")
             # the round's queries: a random draw of at most the ring's size, so a pass samples them all alike
             asked = rng.choice(queries.shape[0], size=min(queries.shape[0], 1024), replace=False)
