@@ -47,6 +47,8 @@ def test_rpc_counts_latency_errors_and_index_gauges(served):
     with vindex.Client(served.target, timeout=60) as client:
         col = client.create_collection("m", dim=8, exist_ok=True)
         col.upsert(np.arange(500), x)
+        acks = list(col.upsert_stream((np.arange(lo, lo + 100), x[lo:lo + 100]) for lo in range(0, 200, 100)))
+        assert acks[-1].total == 200
         for _ in range(3):
             col.search(x[:2], k=5)
         with pytest.raises(vindex.InvalidKError):
@@ -60,6 +62,7 @@ def test_rpc_counts_latency_errors_and_index_gauges(served):
     assert value(s, "vindex_rpc_total", method="Search", collection="m", tenant="default", code="OK") == 3
     assert value(s, "vindex_rpc_total", method="Search", collection="m", code="INVALID_ARGUMENT") == 1
     assert value(s, "vindex_rpc_total", method="Upsert", collection="m", code="OK") == 1
+    assert value(s, "vindex_rpc_total", method="UpsertStream", collection="m", code="OK") == 1
     # a name the server does not have is not a label of its own
     assert value(s, "vindex_rpc_total", collection="no-such") == 0
     assert value(s, "vindex_rpc_total", method="DescribeCollection", collection="(unknown)", code="NOT_FOUND") == 1
@@ -67,7 +70,7 @@ def test_rpc_counts_latency_errors_and_index_gauges(served):
     assert value(s, "vindex_rpc_seconds_bucket", method="Search", collection="m", le="+Inf") == 4
     assert value(s, "vindex_live_vectors", collection="m") == 500
     assert value(s, "vindex_searches_total", collection="m") == 3
-    assert value(s, "vindex_rows_written_total", collection="m") == 500
+    assert value(s, "vindex_rows_written_total", collection="m") == 700
     assert value(s, "vindex_rss_bytes", collection="m") > 0
     assert value(s, "vindex_io_queued", collection="m", io_class="interactive") == 0
     assert "vindex_splits_pending" in s and "vindex_postings" in s and "vindex_store_bytes" in s
