@@ -15,14 +15,19 @@ import numpy as np
 #: Query rows a search leaves in the ring: spread over a batch, so one large batch does not
 #: fill the ring with its neighbouring rows.
 ROWS_PER_SEARCH = 16
-#: Recent queries kept for the recall monitor.
+#: Recent queries kept for the recall monitor: up to 1024, in at most 2 MiB (at least 256,
+#: the monitor's batch).
 RING_ROWS = 1024
+RING_MIN_ROWS = 256
+RING_BYTES = 2 << 20
 
 
 class SearchTap:
     """Counters of one index's searches and writes, and its recent queries."""
 
-    def __init__(self, dim: int, *, ring_rows: int = RING_ROWS, rows_per_search: int = ROWS_PER_SEARCH):
+    def __init__(self, dim: int, *, ring_rows: int | None = None, rows_per_search: int = ROWS_PER_SEARCH):
+        if ring_rows is None:
+            ring_rows = max(RING_MIN_ROWS, min(RING_ROWS, RING_BYTES // (4 * dim)))
         self.searches = 0
         self.queries = 0
         self.rows_written = 0
