@@ -6,12 +6,13 @@ the index's default parameters, and compares the ids with the exact top-k over e
 vector (``exact_scan``: BLAS, GIL released). The per-query recalls of the last ``window``
 queries give the estimate and a 95% confidence interval (normal approximation).
 
-The cost is bounded by pacing, not by sampling less: a pass starts only once the time since
-the index opened, times ``share`` (``IndexConfig.recall_monitor_cpu``, 1% of a core by
-default), covers the wall time of every pass so far and of one more like the last; so from
-the second pass on the monitor has been busy at most ``share`` of the time. Wall time bounds
-the CPU a pass used, reads included, so the bound holds on a loaded machine too, where passes
-only get rarer. An estimate under ``recall_alert`` logs a warning, once until it recovers.
+The cost is bounded by pacing, not by sampling less: a pass starts only once the time since the
+index opened, times ``share`` (``IndexConfig.recall_monitor_cpu``, 1% of a core by default),
+covers the wall time of every pass so far and of one more up to twice as long as the last; so
+from the second pass on the monitor has been busy at most ``share`` of the time. Wall time
+bounds the CPU a pass used, reads included, so the bound holds on a loaded machine too, where
+passes only get rarer. An estimate under ``recall_alert`` logs a warning, once until it
+recovers.
 """
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ BATCH = 256
 WINDOW = 256
 #: Wait before the first pass, so a short-lived index (a script, a test) never pays for one.
 FIRST_PASS_DELAY_S = 10.0
+#: The next pass is paid for in advance as if it took this many times as long as the last.
+PASS_HEADROOM = 2.0
 #: An alert needs at least this many samples behind the estimate.
 ALERT_MIN_SAMPLES = 32
 #: 95% two-sided normal quantile.
@@ -102,10 +105,11 @@ class RecallMonitor:
                 if self._stop.is_set():  # the index closed under the pass
                     return
                 self._failures.failure("recall monitor pass", e)
-            # the next pass starts once the time since opening pays for all passes so far and
-            # one more like the last at ``cpu_share``: the share stays within budget from the
+            # the next pass starts once the time since opening pays, at ``cpu_share``, for all
+            # passes so far and one more of up to ``PASS_HEADROOM`` times the last (passes grow
+            # with the index and slow down under load): the share stays within budget from the
             # second pass on (the first one's cost is unknown until it ran)
-            due = opened + (self.busy_s + self.last_pass_s) / self.cpu_share
+            due = opened + (self.busy_s + PASS_HEADROOM * self.last_pass_s) / self.cpu_share
             self._stop.wait(max(due - time.perf_counter(), 0.0))
 
     def check(self, n: int | None = None) -> bool:
