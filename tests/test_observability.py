@@ -43,6 +43,7 @@ def test_metrics_count_searches_writes_and_sizes(tmp_path):
         index.search(x[:7], 10)
         index.upsert(np.arange(3000, 3100), x[:100] + 0.01)
         assert index.delete(np.arange(10)) == 10
+        index.wait_idle()  # no split between reading metrics and stats
         m = index.metrics()
         assert (m["searches"], m["queries"]) == (2, 12)
         assert (m["rows_written"], m["rows_deleted"]) == (100, 10)
