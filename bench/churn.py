@@ -40,6 +40,30 @@ def evaluate(index: vindex.Index, queries: np.ndarray, truth: np.ndarray, settin
     return out
 
 
+def drifting_data(n: int, dim: int, rounds: int, per_round: int, n_queries: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(base, queries, vectors)``: the synthetic set (seed 0), then ``per_round`` vectors of
+    new clusters per round (row ``i`` of ``vectors`` holds id ``i``); queries mix the original
+    distribution with every new one."""
+    base, q0, _ = synthetic.load_cached(n, dim, 0)
+    base = np.asarray(base)
+    news = [synthetic.make(per_round, dim, n_queries=max(1, n_queries // 10), seed=101 + r) for r in range(rounds)]
+    queries = np.concatenate([q0[:n_queries]] + [q for _, q in news]).astype(np.float32)
+    return base, queries, np.concatenate([base] + [x for x, _ in news])
+
+
+def churn_round(index: vindex.Index, live: np.ndarray, new_ids: np.ndarray, vectors: np.ndarray,
+                rng: np.random.Generator, batch: int) -> np.ndarray:
+    """Delete as many random live ids as ``new_ids``, upsert those, drain; the new live ids."""
+    kill = rng.choice(live, new_ids.size, replace=False)
+    for lo in range(0, kill.size, batch):
+        index.delete(kill[lo:lo + batch])
+    for lo in range(0, new_ids.size, batch):
+        index.upsert(new_ids[lo:lo + batch], vectors[new_ids[lo:lo + batch]])
+    index.wait_idle()
+    return np.union1d(np.setdiff1d(live, kill), new_ids)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", default="1m", help="initial size, e.g. 1m or 100k")
@@ -57,12 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     k = 10
     per_round = int(n * args.fraction)
 
-    base, q0, _ = synthetic.load_cached(n, args.dim, 0)
-    base = np.asarray(base)
-    news = [synthetic.make(per_round, args.dim, n_queries=max(1, args.queries // 10), seed=101 + r)
-            for r in range(args.rounds)]
-    queries = np.concatenate([q0[: args.queries]] + [q for _, q in news]).astype(np.float32)
-    vectors = np.concatenate([base] + [x for x, _ in news])  # row i holds id i
+    base, queries, vectors = drifting_data(n, args.dim, args.rounds, per_round, args.queries)
     work = tempfile.mkdtemp(prefix="vindex-churn-")
     try:
         measure.limit_threads(args.build_threads)

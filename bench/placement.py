@@ -30,6 +30,7 @@ import vindex
 from vindex.storage import IOClass, records
 
 from . import datasets, measure, report, synthetic
+from .churn import churn_round
 
 
 def held_pairs(index: vindex.Index, pids: np.ndarray, dim: int) -> np.ndarray:
@@ -110,14 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         live = np.arange(n, dtype=np.int64)
         rng = np.random.default_rng(0)
         for r in range(args.rounds):  # as bench.churn: delete, then upsert, then drain
-            kill = rng.choice(live, per_round, replace=False)
             new_ids = n + r * per_round + np.arange(per_round, dtype=np.int64)
-            for lo in range(0, per_round, args.batch):
-                index.delete(kill[lo:lo + args.batch])
-            for lo in range(0, per_round, args.batch):
-                index.upsert(new_ids[lo:lo + args.batch], vectors[new_ids[lo:lo + args.batch]])
-            index.wait_idle()
-            live = np.union1d(np.setdiff1d(live, kill), new_ids)
+            live = churn_round(index, live, new_ids, vectors, rng, args.batch)
             print(f"round {r + 1} done", file=sys.stderr, flush=True)
         gt, _ = datasets.ground_truth(vectors[live], queries, 10, "l2")
         truth = live[gt]

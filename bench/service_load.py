@@ -15,6 +15,9 @@ In one run, on copies of one index built over the data set:
 Beside the search phase it measures the same clients sending health checks, the cheapest call
 the server answers: the ceiling gRPC itself puts on QPS and latency on this machine.
 
+``--metrics-ab PASSES`` runs only a comparison instead: search QPS of a server with
+``--metrics-port`` (scraped every ``--scrape-interval`` s) against one without, alternated passes.
+
 Every search uses the same parameters (``--max-postings``, k=10). Writes
 ``<out>/service-<dataset>.json``.
 """
@@ -24,10 +27,13 @@ import argparse
 import multiprocessing as mp
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 
 import numpy as np
 
@@ -37,10 +43,11 @@ COLLECTION = "bench"
 
 
 # --- the server ------------------------------------------------------------------------------------
-def start_server(data_dir: str, switch_interval_ms: float | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(data_dir: str, switch_interval_ms: float | None = None, *options: str
+                 ) -> tuple[subprocess.Popen, str]:
     extra = [] if switch_interval_ms is None else ["--switch-interval-ms", str(switch_interval_ms)]
     proc = subprocess.Popen([sys.executable, "-m", "vindex.service.cli", "serve", "--data", data_dir, "--port", "0",
-                             "--log-level", "warning", *extra], stdout=subprocess.PIPE, text=True)
+                             "--log-level", "warning", *extra, *options], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if " on " not in line:
         proc.kill()
@@ -133,6 +140,49 @@ def latency_summary(lats: list[np.ndarray], duration: float) -> dict:
             "queries": int(allv.size)}
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scrape_every(url: str, interval: float, stop: threading.Event, counts: list[int]) -> None:
+    """Scrape ``url`` every ``interval`` seconds (a Prometheus server, but more often)."""
+    while not stop.wait(interval):
+        urllib.request.urlopen(url, timeout=10).read()
+        counts[0] += 1
+
+
+def metrics_ab(args: argparse.Namespace, cached: str, root: str, queries: np.ndarray) -> dict:
+    """Search QPS of two servers over copies of one index, one without metrics and one with
+    ``--metrics-port`` scraped every ``--scrape-interval`` s, in ``--metrics-ab`` alternated
+    passes of ``--duration`` s each (the one that goes first alternates too); medians."""
+    port = free_port()
+    plain = start_server(copy_index(cached, root), args.switch_interval_ms)
+    metered = start_server(copy_index(cached, root), args.switch_interval_ms, "--metrics-port", str(port))
+    stop, scrapes = threading.Event(), [0]
+    scraper = threading.Thread(target=_scrape_every, daemon=True,
+                               args=(f"http://127.0.0.1:{port}/metrics", args.scrape_interval, stop, scrapes))
+    scraper.start()
+    passes: dict[str, list[float]] = {"off": [], "on": []}
+    try:
+        for p in range(args.metrics_ab):
+            for mode in (("off", "on") if p % 2 == 0 else ("on", "off")):
+                addr = (plain if mode == "off" else metered)[1]
+                lats = run_clients([(_search_client, (addr, queries[c::args.clients], 10, args.max_postings,
+                                                      args.duration)) for c in range(args.clients)], args.duration)
+                passes[mode].append(latency_summary(lats, args.duration)["qps"])
+                print(f"[metrics {mode}] pass {p}: {passes[mode][-1]:.0f} QPS", file=sys.stderr, flush=True)
+    finally:
+        stop.set()
+        scraper.join()
+        stop_server(plain[0])
+        stop_server(metered[0])
+    off, on = float(np.median(passes["off"])), float(np.median(passes["on"]))
+    return {"passes": passes, "qps_off": off, "qps_on": on, "ratio": on / off, "scrapes": scrapes[0],
+            "scrape_interval_s": args.scrape_interval}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="synthetic-1m")
@@ -144,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index-cache", default=os.path.expanduser("~/.cache/vindex-bench/indexes"))
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="the server's GIL switch interval (default: what `vindex serve` sets)")
+    ap.add_argument("--metrics-ab", type=int, default=0, metavar="PASSES",
+                    help="instead of the phases: search QPS with --metrics-port on against off, PASSES "
+                         "alternated passes each (writes service-metrics-<dataset>.json)")
+    ap.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between scrapes in --metrics-ab")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
 
@@ -169,6 +223,18 @@ def main(argv: list[str] | None = None) -> int:
                              "cores": os.cpu_count(), "switch_interval_ms": args.switch_interval_ms,
                              "time": time.strftime("%Y-%m-%d %H:%M:%S")}}
     k, m = 10, args.max_postings
+    if args.metrics_ab:
+        try:
+            result["metrics_ab"] = metrics_ab(args, cached, root, queries)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        ab = result["metrics_ab"]
+        print(f"search QPS: metrics off {ab['qps_off']:.0f}, on {ab['qps_on']:.0f} (x{ab['ratio']:.3f}, "
+              f"medians of {args.metrics_ab}; {ab['scrapes']} scrapes)")
+        out = os.path.join(args.out, f"service-metrics-{ds.name}")
+        report.write_json(out + ".json", result)
+        print(f"wrote {out}.json")
+        return 0
     try:
         # 1. library, in process, one thread
         measure.limit_threads(1)

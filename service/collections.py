@@ -151,7 +151,8 @@ class Collections:
                 shutil.rmtree(path, ignore_errors=True)
                 continue
             try:
-                index = (self._sharding.open(path) if self._sharding else vindex.Index.open(path, **self._runtime))
+                index = (self._sharding.open(path) if self._sharding  # an Index's replay logs its progress
+                         else vindex.Index.open(path, progress="log", **self._runtime))
                 self._entries[name] = _Entry(name, self._opened(index))
             except DAMAGED as exc:  # serve the others; calls on it get DATA_LOSS
                 log.error("collection %s is damaged and stays closed: %s", name, exc)
@@ -169,6 +170,20 @@ class Collections:
     def names(self) -> list[str]:
         with self._cond:
             return sorted(n for n, e in self._entries.items() if not e.dropping)
+
+    def has(self, name: str) -> bool:
+        """Whether a collection of this name exists (no lock: one dict lookup)."""
+        entry = self._entries.get(name)
+        return entry is not None and not entry.dropping
+
+    def open_indexes(self) -> Iterator[tuple[str, vindex.Index]]:
+        """``(name, index)`` of each open collection, pinned while the caller holds it."""
+        for name in self.names():
+            try:
+                with self.use(name) as index:
+                    yield name, index
+            except errors.VindexError:  # dropped meanwhile, or damaged: nothing to read
+                continue
 
     def create(self, name: str, *, dim: int, metric: str, config: dict, if_not_exists: bool = False,
                vectors: Any = None, id_type: str | None = None, metadata: Any = None,

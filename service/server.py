@@ -41,6 +41,7 @@ from .admission import Admission, AdmissionInterceptor
 from .batching import Rows, SearchBatcher
 from .collections import Collections, Sharding
 from .decoding import decode_request_ids, decode_vectors, values_sent
+from .logs import add_key_digests
 from .payloads import decode_documents, decode_filter, decode_metadata, encode_rows, from_struct
 from .status import RequestTooLargeError, code_for, library_error, message, trailers
 from .tenants import TenantInterceptor, current_tenant, load_tenants
@@ -492,8 +493,8 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
 
         def run():
             with self.collections.use(request.collection) as index:
-                idle = index.wait_idle(None if remaining is None else max(0.0, remaining - 0.5)) \
-                    if request.wait_idle else True
+                idle = index.wait_idle(None if remaining is None else max(0.0, remaining - 0.5),
+                                       progress="log") if request.wait_idle else True
                 index.checkpoint()
                 return pb.FlushResponse(idle=idle)
         return await self._call(context, run)
@@ -524,6 +525,7 @@ class ServerConfig:
     tls_key: str | None = None       # PEM private key
     tls_client_ca: str | None = None  # PEM CA bundle: require client certificates it signed
     sharding: Sharding | None = None  # serve --ray: collections sharded over Ray actors
+    metrics_port: int | None = None  # serve Prometheus metrics on this port (0: any free one)
 
 
 class Server:
@@ -534,6 +536,8 @@ class Server:
         self.on_ready = on_ready
         # bad tenants or TLS files fail here, before the data directory is locked
         self.tenants = load_tenants(config.tenants) if config.tenants else None
+        if self.tenants is not None:  # the keys never reach a log line, whoever logs them
+            add_key_digests(d for s in self.tenants.states.values() for d in s.tenant.key_digests)
         self.credentials = server_credentials(config)
         workers = config.workers or 2 * (os.cpu_count() or 1)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vindex-rpc")
@@ -550,6 +554,8 @@ class Server:
         self.admission = Admission(config.limits)
         interceptors: list[grpc.aio.ServerInterceptor] = [
             AdmissionInterceptor(self.admission, SERVICE_NAME, self.tenants)]  # outermost: see its docstring
+        self.metrics_registry = self._metrics(interceptors) if config.metrics_port is not None else None
+        self.metrics_http: Any = None
         if self.tenants is not None:
             interceptors.append(TenantInterceptor(self.tenants, SERVICE_NAME))
         self.server = grpc.aio.server(options=grpc_options(), interceptors=interceptors)
@@ -563,6 +569,18 @@ class Server:
         self._stopping = False
         self._start_done = asyncio.Event()   # clear while start() runs: stop() waits for it
         self._start_done.set()
+
+    def _metrics(self, interceptors: list[grpc.aio.ServerInterceptor]) -> Any:
+        """The Prometheus registry: RPC metrics (an interceptor just inside admission) and
+        each collection's ``Index.metrics()`` read at scrape time."""
+        from . import metrics
+
+        registry = metrics.require().CollectorRegistry()
+        interceptors.append(metrics.MetricsInterceptor(metrics.ServiceMetrics(registry), SERVICE_NAME,
+                                                       self.collections.has))
+        registry.register(metrics.IndexCollector(self.collections.open_indexes,
+                                                 lambda: dict(self.admission.refused)))
+        return registry
 
     async def start(self) -> None:
         """Listen (health NOT_SERVING), warm up and open collections, then report SERVING."""
@@ -588,6 +606,11 @@ class Server:
             if self.credentials is None and self.config.host not in ("127.0.0.1", "localhost", "::1"):
                 log.warning("API keys travel in plaintext: serve with --tls-cert and --tls-key")
         await self.server.start()
+        if self.metrics_registry is not None:
+            from .metrics import serve_http
+
+            self.metrics_http = serve_http(self.config.metrics_port, self.config.host, self.metrics_registry)
+            log.info("metrics on http://%s:%d/metrics", self.config.host, self.metrics_http.server_port)
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         await loop.run_in_executor(self.pool, vindex.warmup)
@@ -629,6 +652,9 @@ class Server:
         except asyncio.TimeoutError:
             pass
         await self.server.stop(max(0.0, deadline - loop.time()))
+        if self.metrics_http is not None:
+            self.metrics_http.shutdown()
+            self.metrics_http.server_close()
         # on a thread of its own: calls that outlived the grace period may hold every worker
         await asyncio.get_running_loop().run_in_executor(None, self.collections.close)
         self.update_pool.shutdown(wait=True)

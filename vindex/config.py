@@ -33,7 +33,8 @@ RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebala
                             "checkpoint_every", "scrub_ratio", "durability",
                             "io_scheduler", "interactive_p99_ms", "read_p99_ms",
                             "exact_search_max_heads", "max_metadata_bytes", "max_document_bytes",
-                            "filter_exact_factor", "filter_widen", "search_threads", "resident_bytes"})
+                            "filter_exact_factor", "filter_widen", "search_threads", "resident_bytes",
+                            "recall_monitor_cpu", "recall_alert", "recall_k"})
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,15 @@ class IndexConfig:
     """(runtime) Otherwise it scans the postings nearest the query among those that hold
     matches: ``max_postings / selectivity`` of them, at most ``filter_widen * max_postings``."""
 
+    # --- live recall monitor (vindex.recall_monitor) ---------------------------------------
+    recall_monitor_cpu: float = 0.01
+    """(runtime) Share of one core the background recall monitor may keep busy (0 turns the
+    background off; ``Index.check_recall`` still runs a pass when called)."""
+    recall_alert: float = 0.8
+    """(runtime) A recall estimate under this logs a warning (once until it recovers)."""
+    recall_k: int = 10
+    """(runtime) The k of the recall@k the monitor estimates."""
+
     # --- storage ---------------------------------------------------------------------------
     store: str = "rocksdb"
     """Posting store: ``rocksdb`` (embedded, the default), ``blocks`` (one file of 4 KiB
@@ -240,6 +250,9 @@ class IndexConfig:
         need(0 <= self.max_document_bytes <= 1 << 30, "max_document_bytes", "0..2^30")
         need(self.filter_exact_factor >= 0, "filter_exact_factor", ">= 0")
         need(self.filter_widen >= 1, "filter_widen", ">= 1")
+        need(0 <= self.recall_monitor_cpu <= 1, "recall_monitor_cpu", "a share of one core in [0, 1]")
+        need(0 <= self.recall_alert <= 1, "recall_alert", "a recall in [0, 1]")
+        need(1 <= self.recall_k <= 1024, "recall_k", "1..1024")
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "IndexConfig":

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import checkpoint, filtered, ids as idkinds, layout, oplog, payloads, validation, writes
+from . import checkpoint, filtered, gauges, ids as idkinds, layout, oplog, payloads, validation, writes
 from .build import build_postings
 from .checkpointer import Checkpointer
 from .config import MAX_SEARCH_THREADS, SMALL_SEARCH_QUERIES, IndexConfig, check_metric, record_bytes
@@ -22,10 +22,12 @@ from .filters import Filter, compile_filter, decode_metadata
 from .heads import METRIC_CODES, HeadGraph
 from .idmap import DELETED, IdMap
 from .iosched import IOTargets, yielding_pool
-from .progress import enabled
+from .progress import Mode, check_mode, enabled, track, watch
 from .rebalance import STALE_ARRAYS, Rebalancer, drop_orphans, policy
+from .recall_monitor import RecallMonitor
 from .results import GetResult, ScrollPage, SearchResult
 from .search import SearchThreads, search_threads
+from .searchtap import SearchTap
 from .state import State
 from .strids import StrIds
 from .storage import Change, IOClass, open_store, records
@@ -60,9 +62,10 @@ class _Threads:
         faiss.omp_set_num_threads(self._faiss)
 
 
-def _shutdown(rebalancer: Rebalancer, checkpoints: Checkpointer, pool: ThreadPoolExecutor, store,
-              search_pool: SearchThreads) -> None:
+def _shutdown(monitor: RecallMonitor, rebalancer: Rebalancer, checkpoints: Checkpointer, pool: ThreadPoolExecutor,
+              store, search_pool: SearchThreads) -> None:
     """Stop the background work and release the store (``close`` or garbage collection)."""
+    monitor.close()
     rebalancer.close()
     checkpoints.close()
     pool.shutdown(wait=True)
@@ -92,10 +95,14 @@ class Index:
         self._plans = filtered.PlanCache()
         if orphans:  # dropped by the background once the store can write; never reused before
             self._rebalancer.cuts.defer(orphans, {})
+        self._tap = SearchTap(engine.dim)
+        self._monitor = RecallMonitor(self, k=cfg.recall_k, cpu_share=cfg.recall_monitor_cpu,
+                                      alert=cfg.recall_alert)
         engine.checkpoints.start_thread()
         self._search_pool = SearchThreads()
-        self._finalizer = weakref.finalize(self, _shutdown, self._rebalancer, engine.checkpoints, self._pool,
-                                           engine.store, self._search_pool)
+        self._finalizer = weakref.finalize(self, _shutdown, self._monitor, self._rebalancer, engine.checkpoints,
+                                           self._pool, engine.store, self._search_pool)
+        self._monitor.start()
         # postings left over their limit or full of garbage by an earlier process
         g = engine.state.graph
         if g.n:
@@ -196,10 +203,13 @@ class Index:
         return cls.build(path, np.zeros((0, int(dim)), np.float32), metric=metric, id_type=id_type, **config)
 
     @classmethod
-    def open(cls, path: str | os.PathLike, **runtime: Any) -> "Index":
+    def open(cls, path: str | os.PathLike, *, progress: Mode = None, **runtime: Any) -> "Index":
         """Open an existing index. ``runtime`` may change runtime settings such as
-        ``cache_bytes`` or ``rebalance``."""
+        ``cache_bytes`` or ``rebalance``. ``progress`` reports the replay of the log since
+        the last checkpoint: True/None (a bar; None only on a terminal), False, or "log"
+        (log lines, for servers)."""
         path = os.fspath(path)
+        progress = check_mode(progress)
         manifest = layout.read(path, runtime)
         cfg = manifest.config
         store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(manifest.dim),
@@ -218,7 +228,8 @@ class Index:
                                     exact_max_heads=exact))
             state = State(IdMap.from_arrays(arrays), graph, arrays.get("garbage"), arrays)
             engine = Engine(path, manifest, store, state, seq=seq, build_stats=stats)
-            for log_seq, data in store.log_since(seq):
+            for log_seq, data in track(store.log_since(seq), desc=f"replaying the log of {path}",
+                                       progress=progress):
                 if log_seq != engine.seq + 1:
                     raise CorruptionError(f"{path}: operation log gap: record {engine.seq + 1} is "
                                           f"missing (the next one is {log_seq})")
@@ -325,6 +336,7 @@ class Index:
         if self.metric == "cosine":
             dists = dists * np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors
         eng.observe_search(time.perf_counter() - started, q.shape[0])
+        self._tap.searched(q)
         return SearchResult(idkinds.to_user(st, ids), dists, work, self._included(ids, include, str(tenant)))
 
     def _included(self, exts: np.ndarray, include: frozenset[str], tenant: str = "default") -> dict:
@@ -452,6 +464,7 @@ class Index:
             written = np.asarray(list(change.appends) + list(change.replaces), dtype=np.int64)
             self._after_write(written, old_homes)
             self._rebalancer.earn_scrub(int(exts.size))
+            self._tap.rows_written += n
         eng.acknowledge(seq)
         self._pace_writes(started)
 
@@ -480,9 +493,11 @@ class Index:
             eng.commit(change, rec, IOClass.UPDATE)
             seq = eng.seq
             self._after_write(np.zeros(0, np.int64), old_homes)
+            deleted = int(rec.arrays["d_vids"].shape[0])
+            self._tap.rows_deleted += deleted
         eng.acknowledge(seq)
         self._pace_writes(started)
-        return int(rec.arrays["d_vids"].shape[0])
+        return deleted
 
     def _pace_writes(self, started: float) -> None:
         """Under ``io_scheduler="sla"``, foreground writes get a share of wall time that
@@ -626,14 +641,16 @@ class Index:
             start = cursor
 
     # --- maintenance --------------------------------------------------------------------------
-    def wait_idle(self, timeout: float | None = None) -> bool:
+    def wait_idle(self, timeout: float | None = None, *, progress: Mode = False) -> bool:
         """Wait until background rebalancing has nothing queued or running; False if
         ``timeout`` seconds pass first. Raises the failure of a background round that starts
         after the call and fails (the work is retried, so a call after the cause is gone
-        returns True; a round already running when it came is not held against it)."""
+        returns True; a round already running when it came is not held against it).
+        ``progress`` shows the backlog draining (see :meth:`open`; default: nothing)."""
         self._check_open()
         started = time.monotonic()
-        idle = self._rebalancer.wait_idle(timeout)
+        with watch(f"background work of {self.path}", lambda: self._rebalancer.depth, check_mode(progress)):
+            idle = self._rebalancer.wait_idle(timeout)
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         return self._engine.checkpoints.wait_idle(left) and idle
 
@@ -691,27 +708,43 @@ class Index:
             "update_duty": eng.update_pacer.duty,
             "update_paused_s": eng.update_pacer.paused_s,
             "fsyncs": eng.group.syncs,
-            "memory_bytes": self._memory_bytes(),
+            "memory_bytes": gauges.state_bytes(eng),
+            "recall": self._monitor.estimate(),
             "build": dict(eng.build_stats),
             "store": eng.store.stats(),
         }
 
-    def _memory_bytes(self) -> int:
-        st = self._engine.state
-        g, m = st.graph, st.idmap
-        return int(g.vectors.nbytes + g.nbrs.nbytes + g.alive.nbytes + m.vid2ext.nbytes
-                   + m.versions.nbytes + m.home.nbytes + m.table.nbytes + st.garbage.nbytes)
+    def metrics(self) -> dict:
+        """Counters and gauges for monitoring (docs/observability.md): searches, queries and
+        rows written so far, live vectors, postings, the background backlog by kind, the I/O
+        scheduler's queues and yields, bytes on disk and in memory, RSS, the recall estimate.
+        Cheap enough for every scrape; searches pay only two counter increments for it."""
+        self._check_open()
+        return gauges.collect(self._engine, self._rebalancer, self._tap, self._monitor)
 
-    def verify(self) -> "VerifyReport":
+    def check_recall(self, queries: int | None = None) -> dict:
+        """Run one recall-monitor pass now over ``queries`` sampled queries (default 256;
+        recent searches, else stored vectors) and return the estimate as ``stats()["recall"]``
+        shows it: ``recall`` (mean recall@k of the last 256 queries checked), its 95%
+        interval ``low``..``high``, ``samples``, ``source``, ``passes``."""
+        self._check_open()
+        n = None if queries is None else validation.positive_int(queries, "queries", upper=100_000)
+        self._monitor.check(n)
+        return self._monitor.estimate()
+
+    def verify(self, *, progress: Mode = False) -> "VerifyReport":
         """Check the index's invariants (see :mod:`vindex.verify`) and report each violation.
 
         Writers wait while it runs; searches do not. Postings over their limit count as a
         violation only when rebalancing is on and has nothing queued. Raises
-        :class:`CorruptionError` when the store fails its checksums."""
+        :class:`CorruptionError` when the store fails its checksums. ``progress`` reports
+        the postings read (see :meth:`open`; default: nothing)."""
         self._check_open()
+        progress = check_mode(progress)
         with self._engine.lock:
             idle = self.config.rebalance and self._rebalancer.depth == 0
-            return verify_index(self._engine, limbo=self._rebalancer.limbo_pids, check_limits=idle)
+            return verify_index(self._engine, limbo=self._rebalancer.limbo_pids, check_limits=idle,
+                                progress=progress)
 
     def checkpoint(self) -> None:
         """Save the in-memory state so reopening replays no log."""
@@ -727,6 +760,7 @@ class Index:
             if self._closed:
                 return
             self._closed = True
+        self._monitor.close()
         self._rebalancer.close()
         eng.checkpoints.close()
         try:

@@ -25,6 +25,7 @@ import numpy as np
 from .engine import Engine
 from .errors import preview
 from .idmap import DELETED
+from .progress import Mode, track
 from .storage import IOClass, records
 
 #: Postings read per store call while checking records.
@@ -55,7 +56,7 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verify(eng: Engine, *, limbo: set[int], check_limits: bool) -> VerifyReport:
+def verify(eng: Engine, *, limbo: set[int], check_limits: bool, progress: Mode = False) -> VerifyReport:
     """Check every invariant; the caller holds ``eng.lock``."""
     report = VerifyReport()
     # the manifest's checksum was checked when the index opened; one written before
@@ -63,7 +64,7 @@ def verify(eng: Engine, *, limbo: set[int], check_limits: bool) -> VerifyReport:
     report.checked["manifest_checksum"] = "ok" if eng.manifest.checksummed else "none (written before checksums)"
     _check_graph(eng, report)
     _check_idmap(eng, report)
-    _check_postings(eng, report, limbo, check_limits)
+    _check_postings(eng, report, limbo, check_limits, progress)
     return report
 
 
@@ -126,7 +127,8 @@ def _check_idmap(eng: Engine, report: VerifyReport) -> None:
         report.add("postings with negative garbage counts", np.flatnonzero(eng.state.garbage < 0))
 
 
-def _check_postings(eng: Engine, report: VerifyReport, limbo: set[int], check_limits: bool) -> None:
+def _check_postings(eng: Engine, report: VerifyReport, limbo: set[int], check_limits: bool,
+                    progress: Mode = False) -> None:
     idm, g = eng.state.idmap, eng.state.graph
     nv = idm.n_vids
     versions, home = idm.versions[:nv], idm.home[:nv]
@@ -143,7 +145,8 @@ def _check_postings(eng: Engine, report: VerifyReport, limbo: set[int], check_li
     at_home = np.zeros(nv, dtype=np.bool_)
     over, entries, mismatched, bad_vid, bad_vec = [], 0, [], [], []
     live_pids = pids[alive]
-    for start in range(0, live_pids.size, READ_GROUP):
+    groups = range(0, live_pids.size, READ_GROUP)
+    for start in track(groups, desc=f"verifying the postings of {eng.path}", total=len(groups), progress=progress):
         group = live_pids[start:start + READ_GROUP]
         batch = eng.store.read(group, IOClass.BACKGROUND)
         counts = np.diff(batch.offsets)

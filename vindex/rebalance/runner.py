@@ -15,6 +15,7 @@ from ..attempts import Attempts
 from ..engine import Engine
 from ..failures import LOG_INTERVAL_S, Backoff, RateLimitedLog
 from ..iosched import lower_thread_priority, yielding_pool
+from . import policy
 from .cut import Cuts
 from .reads import PostingReader
 from .reassign import Reassigner
@@ -127,6 +128,22 @@ class Rebalancer:
         with self._cv:
             return (len(self._pending) + int(self._busy or self.reassign.job is not None)
                     + self.cuts.waiting + int(self.scrub.credit > 0))
+
+    def backlog(self) -> dict[str, int]:
+        """Work queued, by kind: postings waiting whose records put them over their budget
+        (splits) or under the merge threshold (merges; the rest are rewrites), a
+        reassignment in flight, vectors the scrub owes a re-check, deferred cuts."""
+        with self._cv:
+            pending = np.fromiter(self._pending, dtype=np.int64, count=len(self._pending))
+            reassigning = int(self.reassign.job is not None)
+            scrub, cuts = int(max(0, self.scrub.credit)), self.cuts.waiting
+        eng = self._engine
+        lengths = eng.lengths(pending)
+        splits = policy.over_budget(lengths, eng.limit)
+        merges = ~splits & (lengths < eng.limit * eng.config.merge_fraction)
+        return {"postings_pending": int(pending.shape[0]), "splits_pending": int(splits.sum()),
+                "merges_pending": int(merges.sum()), "reassigns_pending": reassigning,
+                "scrub_pending": scrub, "cuts_pending": int(cuts)}
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no work is queued or running; False on timeout. Raises the failure of a
