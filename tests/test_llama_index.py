@@ -398,7 +398,7 @@ def test_embedded_lifecycle(tmp_path):
 
 def test_constructor_errors(tmp_path, request):
     remote = request.getfixturevalue("client")
-    with pytest.raises(vindex.InvalidInputError, match=r"give path or collection, not both"):
+    with pytest.raises(vindex.InvalidConfigError, match=r"give path \(an embedded index\) or collection .* not both"):
         VindexVectorStore(tmp_path / "a", collection=object())
     with pytest.raises(vindex.InvalidInputError, match=r"batch_size: expected a positive int, got 0"):
         VindexVectorStore(batch_size=0)
@@ -409,7 +409,7 @@ def test_constructor_errors(tmp_path, request):
     ints = remote.create_collection("llama-ints", dim=DIM, id_type="int")
     with pytest.raises(vindex.InvalidInputError, match=r"holds int ids; a LlamaIndex store needs str ids"):
         VindexVectorStore(collection=ints)
-    with pytest.raises(vindex.InvalidConfigError, match=r"applies to an embedded index"):
+    with pytest.raises(vindex.InvalidConfigError, match=r"index settings \['max_postings'\] do not apply to a collection"):
         VindexVectorStore(collection=remote.create_collection("llama-str", dim=DIM, id_type="str"), max_postings=4)
 
 

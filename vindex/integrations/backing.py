@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from vindex.config import IndexConfig, check_metric
 from vindex.errors import IndexClosedError, InvalidConfigError
@@ -42,10 +42,12 @@ class Backing:
 
     ``metric`` and ``index_config`` (``IndexConfig`` fields) apply when the index is created;
     an index that exists already is opened with ``index_config`` as runtime settings and keeps
-    its own metric. A collection keeps its own metric and configuration."""
+    its own metric. A collection keeps its own metric and configuration. ``check(records)``, if
+    given, vets an index opened or a collection given (raising to refuse it): a store's own
+    demands, such as string ids."""
 
     def __init__(self, owner: object, *, path: str | os.PathLike | None, collection: Any, metric: str,
-                 index_config: dict[str, Any]):
+                 index_config: dict[str, Any], check: Callable[[Any], None] | None = None):
         if path is not None and collection is not None:
             raise InvalidConfigError("give path (an embedded index) or collection (a vindex.Client collection), "
                                      "not both")
@@ -55,6 +57,8 @@ class Backing:
             if index_config:
                 raise InvalidConfigError(f"index settings {sorted(index_config)} do not apply to a collection; "
                                          "the server fixed its configuration when it was created")
+            if check is not None:
+                check(collection)
             self._handle, self._metric, self._path = _Handle(collection, None), collection.metric, None
             self._finalize = weakref.finalize(owner, _release, self._handle, False)
             return
@@ -67,8 +71,14 @@ class Backing:
         self._finalize = weakref.finalize(owner, _release, self._handle, True)
         if os.path.exists(self._path) and not (os.path.isdir(self._path) and not os.listdir(self._path)):
             # an index, or something else that Index.open names as not one
-            self._handle.records = Index.open(self._path, **self._config)
-            self._metric = self._handle.records.metric
+            index = Index.open(self._path, **self._config)
+            try:
+                if check is not None:
+                    check(index)
+            except BaseException:
+                index.close()
+                raise
+            self._handle.records, self._metric = index, index.metric
         else:
             IndexConfig.from_kwargs(self._config)  # a bad setting fails here, not at the first write
             self._metric = check_metric(metric)

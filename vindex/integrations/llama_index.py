@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
-import threading
-import weakref
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
@@ -22,11 +18,10 @@ from llama_index.core.vector_stores.types import (BasePydanticVectorStore, Metad
                                                   VectorStoreQueryMode, VectorStoreQueryResult)
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
-from vindex import layout
-from vindex.config import IndexConfig, check_metric
+from vindex.config import check_metric
 from vindex.errors import InvalidConfigError, InvalidInputError
-from vindex.index import Index
 
+from .backing import Backing
 from .llama_index_query import all_of, mmr_select, similarities, to_vindex_filter
 
 __all__ = ["VindexVectorStore", "NODE_ID_KEY"]
@@ -34,24 +29,6 @@ __all__ = ["VindexVectorStore", "NODE_ID_KEY"]
 NODE_ID_KEY = "_node_id"
 _PAYLOAD = ["metadata", "documents"]
 _MODES = (VectorStoreQueryMode.DEFAULT, VectorStoreQueryMode.MMR)
-
-
-class _Owned:
-    """An embedded index this store opened or created, and the temporary directory holding
-    it when the store made one: closed (and removed) by ``close()`` or when the store is
-    collected."""
-
-    def __init__(self, temporary: str | None):
-        self.index: Index | None = None
-        self.temporary = temporary
-
-    def release(self) -> None:
-        if self.index is not None:
-            self.index.close()
-            self.index = None
-        if self.temporary is not None:
-            shutil.rmtree(self.temporary, ignore_errors=True)
-            self.temporary = None
 
 
 class VindexVectorStore(BasePydanticVectorStore):
@@ -73,42 +50,19 @@ class VindexVectorStore(BasePydanticVectorStore):
     metric: Optional[str] = None
     batch_size: int = 1000
 
-    _target: Any = PrivateAttr(default=None)
-    _owned: Optional[_Owned] = PrivateAttr(default=None)
-    _config: dict = PrivateAttr(default_factory=dict)
-    _creating: Any = PrivateAttr(default_factory=threading.Lock)
-    _release: Any = PrivateAttr(default=None)
+    _backing: Any = PrivateAttr(default=None)
 
     def __init__(self, path: str | os.PathLike | None = None, *, collection: Any = None,
                  metric: str | None = None, batch_size: int = 1000, flat_metadata: bool = False,
                  **index_config: Any) -> None:
-        if path is not None and collection is not None:
-            raise InvalidInputError("VindexVectorStore: give path or collection, not both")
         if metric is not None:
             check_metric(metric)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidInputError(f"batch_size: expected a positive int, got {batch_size!r}")
         super().__init__(path=None if path is None else os.fspath(path), metric=metric, batch_size=batch_size,
                          flat_metadata=flat_metadata)
-        if collection is not None:
-            if index_config:
-                raise InvalidConfigError(f"VindexVectorStore: index config {sorted(index_config)} applies to an "
-                                         "embedded index, not to a collection (the server created it)")
-            self._target = self._checked(collection)
-            return
-        IndexConfig.from_kwargs(index_config)  # unknown or bad fields fail here, not at the first add
-        self._config = dict(index_config)
-        temporary = tempfile.mkdtemp(prefix="vindex-llama-") if path is None else None
-        self._owned = _Owned(temporary)
-        self._release = weakref.finalize(self, self._owned.release)
-        if self.path is not None and os.path.exists(os.path.join(self.path, layout.MANIFEST)):
-            index = Index.open(self.path, **self._config)
-            try:
-                self._target = self._checked(index)
-            except BaseException:
-                index.close()
-                raise
-            self._own(index)
+        self._backing = Backing(self, path=path, collection=collection, metric=metric or "cosine",
+                                index_config=index_config, check=self._check)
 
     # --- the index behind the store ----------------------------------------------------------------
     @classmethod
@@ -119,41 +73,19 @@ class VindexVectorStore(BasePydanticVectorStore):
     def client(self) -> Any:
         """The :class:`vindex.Index` or :class:`vindex.Collection` the store reads and writes
         (None for an embedded index not created yet)."""
-        return self._target
+        return self._backing.records
 
-    def _checked(self, target: Any) -> Any:
-        if target.id_type not in (None, "str"):
-            raise InvalidInputError(f"{target!r} holds {target.id_type} ids; a LlamaIndex store needs str ids "
+    def _check(self, records: Any) -> None:
+        """Refuse an index or collection of int ids, or of another metric than the one asked for."""
+        if records.id_type not in (None, "str"):
+            raise InvalidInputError(f"{records!r} holds {records.id_type} ids; a LlamaIndex store needs str ids "
                                     "(node ids)")
-        if self.metric is not None and target.metric != self.metric:
-            raise InvalidConfigError(f"metric: {target!r} uses {target.metric!r}, not {self.metric!r}")
-        return target
-
-    def _writable(self, dim: int) -> Any:
-        """The target, creating the embedded index of dimension ``dim`` on the first write."""
-        if self._target is not None:
-            return self._target
-        with self._creating:
-            if self._target is None:
-                assert self._owned is not None  # no collection: the store owns an embedded index
-                where = self.path if self.path is not None else os.path.join(self._owned.temporary, "index")
-                self._target = self._own(Index.create(where, dim=dim, metric=self.metric or "cosine",
-                                                      id_type="str", **self._config))
-        return self._target
-
-    def _own(self, index: Index) -> Index:
-        """Hold ``index`` for release; the finalizer is registered again after the index's own,
-        so that at interpreter exit it runs first and closes the index before that one stops it."""
-        assert self._owned is not None
-        self._owned.index = index
-        self._release.detach()
-        self._release = weakref.finalize(self, self._owned.release)
-        return index
+        if self.metric is not None and records.metric != self.metric:
+            raise InvalidConfigError(f"metric: {records!r} uses {records.metric!r}, not {self.metric!r}")
 
     def close(self) -> None:
         """Close the embedded index (removing it when temporary); a collection stays open."""
-        if self._release is not None:
-            self._release()
+        self._backing.close()
 
     def __enter__(self) -> "VindexVectorStore":
         return self
@@ -178,7 +110,7 @@ class VindexVectorStore(BasePydanticVectorStore):
         vectors = np.asarray([node.embedding for node in nodes], dtype=np.float32)
         metadata = [self._metadata_of(node) for node in nodes]
         documents = [node.get_content(metadata_mode=MetadataMode.NONE) for node in nodes]
-        target = self._writable(int(vectors.shape[1]))
+        target = self._backing.for_writing(int(vectors.shape[1]))
         for lo in range(0, len(ids), self.batch_size):
             part = slice(lo, lo + self.batch_size)
             target.upsert(ids[part], vectors[part], metadata=metadata[part], documents=documents[part])
@@ -191,25 +123,25 @@ class VindexVectorStore(BasePydanticVectorStore):
 
     def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
         """Delete every node of the source document ``ref_doc_id``."""
-        if self._target is not None:
-            self._target.delete(filter={"ref_doc_id": ref_doc_id})
+        if self.client is not None:
+            self.client.delete(filter={"ref_doc_id": ref_doc_id})
 
     def delete_nodes(self, node_ids: Optional[List[str]] = None, filters: Optional[MetadataFilters] = None,
                      **delete_kwargs: Any) -> None:
         """Delete the nodes among ``node_ids`` that match ``filters`` (either may be None: no
         restriction; both None deletes every node, as llama-index's SimpleVectorStore does)."""
         where = to_vindex_filter(filters)
-        if self._target is None:
+        if self.client is None:
             return
         if where is None and node_ids is not None:
-            self._target.delete(list(node_ids))
+            self.client.delete(list(node_ids))
         else:
-            self._target.delete(filter=all_of(_ids_filter(node_ids), where) or {})
+            self.client.delete(filter=all_of(_ids_filter(node_ids), where) or {})
 
     def clear(self) -> None:
         """Delete every node."""
-        if self._target is not None:
-            self._target.delete(filter={})
+        if self.client is not None:
+            self.client.delete(filter={})
 
     # --- reads -------------------------------------------------------------------------------------
     def get_nodes(self, node_ids: Optional[List[str]] = None,
@@ -217,13 +149,13 @@ class VindexVectorStore(BasePydanticVectorStore):
         """The stored nodes among ``node_ids`` (in that order, missing ones skipped) that match
         ``filters``; every node when both are None."""
         where = to_vindex_filter(filters)
-        if self._target is None:
+        if self.client is None:
             return []
         if where is None and node_ids is not None:
-            got = self._target.get(list(node_ids), include=_PAYLOAD)
+            got = self.client.get(list(node_ids), include=_PAYLOAD)
             return [_node(i, m, d) for i, ok, m, d in zip(node_ids, got.found, got.metadata, got.documents) if ok]
         nodes: list[BaseNode] = []
-        for page in self._target.scroll(all_of(_ids_filter(node_ids), where), include=_PAYLOAD):
+        for page in self.client.scroll(all_of(_ids_filter(node_ids), where), include=_PAYLOAD):
             nodes.extend(_node(i, m, d) for i, m, d in zip(page.ids, page.metadata, page.documents))
         return nodes
 
@@ -241,12 +173,12 @@ class VindexVectorStore(BasePydanticVectorStore):
         # for stores that keep the text (as Chroma and Qdrant read it too)
         where = all_of(to_vindex_filter(query.filters), _ids_filter(query.node_ids or None),
                        {"ref_doc_id": {"$in": list(query.doc_ids)}} if query.doc_ids else None)
-        if self._target is None:
+        if self.client is None:
             return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
         k = query.similarity_top_k
         mmr = query.mode == VectorStoreQueryMode.MMR
         fetch = _prefetch(k, kwargs) if mmr else k
-        res = self._target.search(np.asarray(query.query_embedding, dtype=np.float32), fetch, filter=where,
+        res = self.client.search(np.asarray(query.query_embedding, dtype=np.float32), fetch, filter=where,
                                   include=_PAYLOAD + ["vectors"] if mmr else _PAYLOAD)
         hits = [j for j, i in enumerate(res.ids[0]) if isinstance(i, str)]  # padding: None (or -1 while empty)
         if mmr:
@@ -254,7 +186,7 @@ class VindexVectorStore(BasePydanticVectorStore):
             picks, scores = mmr_select(query.query_embedding, res.vectors[0][hits], k, threshold)
             hits = [hits[p] for p in picks]
         else:
-            scores = similarities(self._target.metric, res.distances[0][hits])
+            scores = similarities(self.client.metric, res.distances[0][hits])
         ids = [str(res.ids[0][j]) for j in hits]
         nodes = [_node(ids[n], res.metadata[0][j], res.documents[0][j]) for n, j in enumerate(hits)]
         return VectorStoreQueryResult(nodes=nodes, similarities=scores, ids=ids)
