@@ -21,7 +21,7 @@ import importlib
 from .metrics import IP as IP, L2 as L2  # re-exported: native.L2, native.IP
 
 _SUBMODULES = ("checksum", "distances", "fast", "graph", "heap", "held", "idhash", "kept", "kept_table", "kmeans", "layout",
-               "lire", "prefetch", "replicas", "scan")
+               "lire", "prefetch", "replicas", "rows", "scan")
 
 
 def __getattr__(name: str):
@@ -34,7 +34,7 @@ def warmup() -> None:
     """Run every kernel once on tiny inputs of the exact types the library passes."""
     import numpy as np
 
-    from . import distances, fast, graph, heap, held, idhash, kept, kmeans, lire, replicas, scan
+    from . import distances, fast, graph, heap, held, idhash, kept, kmeans, lire, replicas, rows, scan
 
     rng = np.random.default_rng(0)
     d, n = 8, 40
@@ -51,6 +51,8 @@ def warmup() -> None:
                        touched)
     graph.connect(n, np.ones(n, np.bool_), entries, heads, nbrs, touched)
     q = heads[:2].copy()
+    for unit in (False, True):
+        rows.check_rows(q, unit, 1e37, np.empty_like(q))
     for metric in (distances.L2, distances.IP):
         ids = np.empty((2, 8), np.int32)
         dd = np.empty((2, 8), np.float32)
@@ -104,6 +106,11 @@ def warmup() -> None:
             sizes[:] = 0
             kernels.scan_resident(ids, counts, slot, table, recs_f, recs_u, gens, spans, versions, vid2ext, q, metric,
                                   hd, hi, sizes)
+        for exact in (False, True):
+            sizes[:] = 0
+            fast.search_resident(q, metric, 8, 10.0, exact, heads, nbrs, np.ones(n, np.bool_), entries[None], visited,
+                                 n + 40, bd, bi, bx, ids, dd, slot, table, recs_f, recs_u, gens, spans, versions,
+                                 vid2ext, hd, hi, sizes)
     labels = np.full(4, -1, np.int64)
     cents = np.zeros((2, d), np.float32)
     keep, n_live = lire.live_dedupe(recs_u, offsets, versions, np.full(8, -1, np.int64))

@@ -1,17 +1,23 @@
-"""The small-search fast path: scan the postings kept in memory where they lie, in one call.
+"""The small-search fast path: head search and the scan of the postings kept in memory, in
+one call.
 
-A search of a few queries chose its heads; this kernel groups them by posting, looks each
-posting up in the RocksDB store's table of kept postings (``native.kept_table``), scans those
-kept whole and current for every query that wants them, and hands back the others (the
-misses) grouped the same way, for the store to read. With no misses it also sorts the heaps:
-the search is then two kernel calls (head search and this), with no store round trip.
+``search_resident`` chooses each query's heads (the graph's beam, or every head scored) and
+hands them to ``scan_resident``, which groups them by posting, looks each posting up in the
+RocksDB store's table of kept postings (``native.kept_table``), scans those kept whole and
+current for every query that wants them, and hands back the others (the misses) grouped the
+same way, for the store to read. With no misses it also sorts the heaps: the search is then
+one kernel call, with no store round trip.
+
+A record's liveness (its version against the version map) is looked up only for records
+near enough to enter a heap (``scan.scan_records``), in the same call, so against the same
+state of the maps.
 """
 from __future__ import annotations
 
 import numba as nb
 import numpy as np
 
-from . import scan
+from . import graph, scan
 from .distances import FASTMATH
 from .kept_table import CHUNKS_MASK, GEN, ROWS, SPAN, START
 
@@ -55,11 +61,10 @@ def scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, version
     ends = np.empty(n_hit, dtype=np.int64)
     q_lo = np.empty(n_hit, dtype=np.int64)
     q_hi = np.empty(n_hit, dtype=np.int64)
-    id_starts = np.empty(n_hit, dtype=np.int64)
     miss = np.empty(n - n_hit, dtype=np.int32)
     m_ptr = np.zeros(n - n_hit + 1, dtype=np.int64)
     h = t = 0
-    total = scanned = 0
+    scanned = 0
     for p in range(n):
         if hit[p]:
             pid = pids[p]
@@ -67,8 +72,6 @@ def scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, version
             ends[h] = table[pid, START] + table[pid, ROWS]
             q_lo[h] = q_ptr[p]
             q_hi[h] = q_ptr[p + 1]
-            id_starts[h] = total
-            total += ends[h] - starts[h]
             scanned += (ends[h] - starts[h]) * (q_hi[h] - q_lo[h])
             h += 1
         else:
@@ -81,9 +84,26 @@ def scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, version
         if not hit[p]:
             m_idx[m_ptr[t]:m_ptr[t + 1]] = q_idx[q_ptr[p]:q_ptr[p + 1]]
             t += 1
-    ids = scan.live_ids_ranges(rows_u, starts, ends, versions, vid2ext)
-    scan.scan_grouped(rows_f, starts, ends, ids, id_starts, q_lo, q_hi, q_idx, queries, metric, heap_d, heap_i,
-                      sizes)
+    none = np.empty(0, dtype=np.int64)  # ids looked up as the scan goes
+    scan.scan_records(rows_f, rows_u, starts, ends, none, starts, q_lo, q_hi, q_idx, queries, metric, versions,
+                      vid2ext, heap_d, heap_i, sizes)
     if n_hit == n:
         scan.finish(heap_d, heap_i, sizes)
     return miss, m_ptr, m_idx, n_hit, scanned
+
+
+@nb.njit(**_q)
+def search_resident(queries, metric, m, eps, exact, heads, nbrs, alive, starts, visited, stamp0, bd, bi, bx,
+                    sel, sel_d, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext, heap_d, heap_i, sizes):
+    """A small search in one call: each query's ``m`` nearest heads pruned by ``eps`` into
+    ``sel``/``sel_d`` (``graph.exact_search`` over ``heads``/``alive`` if ``exact``, else
+    ``graph.search_batch`` from ``starts`` with the beam scratch ``visited``..``bx``), then
+    ``scan_resident`` of them. Returns ``(head counts, *scan_resident's result)``."""
+    if exact:
+        counts = graph.exact_search(queries, heads, alive, metric, m, eps, sel, sel_d)
+    else:
+        counts = graph.search_batch(queries, heads, nbrs, starts, metric, m, eps, visited, stamp0, bd, bi, bx, sel,
+                                    sel_d)
+    miss, m_ptr, m_idx, n_hit, scanned = scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans,
+                                                       versions, vid2ext, queries, metric, heap_d, heap_i, sizes)
+    return counts, miss, m_ptr, m_idx, n_hit, scanned

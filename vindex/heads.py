@@ -39,6 +39,7 @@ class _Scratch(threading.local):
         self.stamp = 0
         self.slot = np.zeros(0, dtype=np.int32)
         self.beam: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.chosen: tuple[np.ndarray, np.ndarray] | None = None
 
     def stamps(self, capacity: int, n: int) -> tuple[np.ndarray, int]:
         """Visited array for ``capacity`` nodes and the first of ``n`` fresh stamps."""
@@ -53,6 +54,14 @@ class _Scratch(threading.local):
         if self.beam is None or self.beam[0].shape[0] != ef:
             self.beam = (np.empty(ef, np.float32), np.empty(ef, np.int32), np.empty(ef, np.bool_))
         return self.beam
+
+    def chosen_arrays(self, nq: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids (nq, m) int32, dists (nq, m) float32)`` for a small search's chosen heads,
+        reused by the thread's next search (the fused path reads them only during its call)."""
+        c = self.chosen
+        if c is None or c[0].shape[0] < nq or c[0].shape[1] != m:
+            c = self.chosen = (np.empty((max(nq, 16), m), np.int32), np.empty((max(nq, 16), m), np.float32))
+        return c[0][:nq], c[1][:nq]
 
     def slots(self, capacity: int) -> np.ndarray:
         if self.slot.shape[0] < capacity:
@@ -100,6 +109,9 @@ class HeadGraph:
     walking the graph (``IndexConfig.exact_search_max_heads``). ``nearest_entries_min_queries``:
     from this many queries a graph search starts each query from its nearest entry points
     (``NEAREST_ENTRIES_MIN_QUERIES``)."""
+
+    #: ``fused_args``' entry points: (entries, rows of the arrays they were cut to, those below)
+    _starts: tuple = (None, 0, None)
 
     def __init__(self, dim: int, degree: int, alpha: float, n_entries: int, capacity: int = 64, *,
                  exact_max_heads: int = IndexConfig.exact_search_max_heads,
@@ -182,6 +194,32 @@ class HeadGraph:
         counts = kernels.search_batch(queries, vectors, nbrs, starts, metric, m, eps, visited, stamp0, bd, bi, bx,
                                       ids, dists)
         return ids, dists, counts
+
+    def fused_args(self, nq: int, m: int, ef: int) -> tuple | None:
+        """What ``native.fast.search_resident`` needs to choose the heads of ``nq`` queries
+        as ``search`` would, in its kernel: ``(exact, heads, nbrs, alive, starts, visited,
+        first stamp, beam arrays...)``; None when ``search`` would not use a kernel here (no
+        live head, or more than ``EXACT_KERNEL_MAX_QUERIES`` queries scored exactly: BLAS)."""
+        if self.n_alive == 0:
+            return None
+        arrays = self.arrays_
+        s = scratch()
+        few = nq <= EXACT_KERNEL_MAX_QUERIES
+        if self.n_alive <= (min(self.exact_max_heads, EXACT_KERNEL_MAX_HEADS) if few else self.exact_max_heads):
+            if not few:
+                return None
+            n = min(self.n, arrays.vectors.shape[0])  # no head is alive past the high-water mark
+            # (``_search_exact``'s copy of the flags is per batch; the kernel reads each
+            # head's flag once per query, in index order, which is the same for one query)
+            return (True, arrays.vectors[:n], arrays.nbrs, arrays.alive[:n], self.entries[None], s.visited, 0,
+                    *s.beam_arrays(1))
+        entries, rows, starts = self._starts
+        if entries is not self.entries or rows != arrays.vectors.shape[0]:
+            entries, rows = self.entries, arrays.vectors.shape[0]
+            starts = entries[entries < rows][None]  # entries may be newer than ``arrays``
+            self._starts = entries, rows, starts
+        visited, stamp0 = s.stamps(arrays.vectors.shape[0], nq)
+        return (False, arrays.vectors, arrays.nbrs, arrays.alive, starts, visited, stamp0, *s.beam_arrays(max(ef, m)))
 
     def _seed_rows(self, seeds: np.ndarray, entries: np.ndarray) -> np.ndarray:
         """Per-query entry rows: the query's seed and SEED_ENTRIES of the shared entry points

@@ -34,6 +34,8 @@ from .storage import Change, IOClass, open_store, records
 from .verify import VerifyReport
 from .verify import verify as verify_index
 
+#: ``include`` of a search that asks for nothing beside ids and distances.
+_NOTHING: frozenset[str] = frozenset()
 #: Attempts of an optimistic ``get`` before it reads under the writers' lock.
 GET_RETRIES = 3
 #: Rows of metadata and documents per store write of a bulk build.
@@ -299,7 +301,7 @@ class Index:
         """
         q, k, m, e, beam, n_threads = self._search_args(queries, k, max_postings, eps, ef, threads)
         f = None if filter is None else compile_filter(filter)
-        include = payloads.check_include(include)
+        include = _NOTHING if type(include) is tuple and not include else payloads.check_include(include)
         timeout = None if timeout is None else validation.seconds(timeout, "timeout")
         if interactive is not None and not isinstance(interactive, (bool, np.bool_)):
             raise InvalidInputError(f"interactive: expected True, False or None, got {interactive!r}")
@@ -315,7 +317,8 @@ class Index:
         if interactive is None:
             interactive = q.shape[0] <= SMALL_SEARCH_QUERIES
         st = eng.state
-        with eng.readers.search(interactive=bool(interactive)):
+        ticket = eng.readers.begin(bool(interactive))
+        try:
             choose = versions = None
             if f is not None:
                 with eng.readers.reading():
@@ -330,14 +333,17 @@ class Index:
                                               metric=self._metric_code, max_postings=m, eps=e, ef=max(beam, m),
                                               deadline=deadline, tenant=str(tenant), choose=choose,
                                               versions=versions)
+        finally:
+            eng.readers.end(ticket)
         if f is not None:
             ids, dists = filtered.recheck(st, f, ids, dists)
             work["filter_matches"] = fplan.matches
         if self.metric == "cosine":
-            dists = dists * np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors
+            dists *= np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors (the search's own array)
         eng.observe_search(time.perf_counter() - started, q.shape[0])
         self._tap.searched(q)
-        return SearchResult(idkinds.to_user(st, ids), dists, work, self._included(ids, include, str(tenant)))
+        return SearchResult(idkinds.to_user(st, ids), dists, work,
+                            self._included(ids, include, str(tenant)) if include else {})
 
     def _included(self, exts: np.ndarray, include: frozenset[str], tenant: str = "default") -> dict:
         """What ``include`` asks for, for internal ids ``exts`` of any shape (-1: padding):
@@ -399,10 +405,7 @@ class Index:
         return self._vectors(queries, "queries"), k, m, e, beam, n_threads
 
     def _vectors(self, x: Any, what: str) -> np.ndarray:
-        v = validation.vectors(x, self.dim, what=what)
-        if self.metric == "cosine":
-            return validation.unit_rows(v, what=what) if v.shape[0] else v
-        return validation.bounded_rows(v, what=what)
+        return validation.search_rows(x, self.dim, unit=self.metric == "cosine", what=what)
 
     # --- updates ------------------------------------------------------------------------------
     def upsert(self, ids: Any, vectors: Any, *, metadata: Any = None, documents: Any = None) -> None:

@@ -78,19 +78,21 @@ class Readers:
             self.end(t)
 
     # --- read sections ------------------------------------------------------------------------
-    @contextmanager
-    def reading(self) -> Iterator[None]:
+    def reading(self) -> "_ReadSection":
+        """A context in which writers do not apply committed records (the read section)."""
+        return _ReadSection(self)
+
+    def _enter_reading(self) -> None:
         with self._lock:
             while self._writing:
                 self._cv.wait()
             self._reading += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._reading -= 1
-                if self._reading == 0:
-                    self._cv.notify_all()
+
+    def _leave_reading(self) -> None:
+        with self._lock:
+            self._reading -= 1
+            if self._reading == 0:
+                self._cv.notify_all()
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -106,3 +108,19 @@ class Readers:
             with self._lock:
                 self._writing = False
                 self._cv.notify_all()
+
+
+class _ReadSection:
+    """``Readers.reading()``: a plain class, not a generator context (a search enters one or
+    two of these; a generator's setup cost a batch-size-1 search ~2 us each)."""
+
+    __slots__ = ("_readers",)
+
+    def __init__(self, readers: Readers):
+        self._readers = readers
+
+    def __enter__(self) -> None:
+        self._readers._enter_reading()
+
+    def __exit__(self, *exc: object) -> None:
+        self._readers._leave_reading()

@@ -101,45 +101,94 @@ def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store
     A filtered search (see ``filtered``) passes ``choose(queries, held) -> (head ids,
     counts)``, the postings to scan instead of the graph's nearest, and ``versions(live
     version map) -> version map`` that marks the records it must skip as deleted."""
-    if choose is None:
-        def choose(q: np.ndarray, held: bool) -> tuple[np.ndarray, np.ndarray]:
-            head_ids, _, counts = graph.search(q, metric, max_postings, eps, ef, held=held)
-            return head_ids, counts
     for attempt in range(SELECT_ATTEMPTS):
-        out = _search_once(queries, k, graph, idmap, store, readers, metric, choose, versions, io,
-                           deadline, tenant, last=attempt == SELECT_ATTEMPTS - 1)
+        out = _search_once(queries, k, graph, idmap, store, readers, metric, (max_postings, eps, ef), choose,
+                           versions, io, deadline, tenant, last=attempt == SELECT_ATTEMPTS - 1)
         if out is not None:
             return out
     raise AssertionError("unreachable: the last attempt always returns")
 
 
-def _search_once(queries, k, graph, idmap, store, readers, metric, choose, versions, io, deadline, tenant, *,
+def _search_once(queries, k, graph, idmap, store, readers, metric, heads, choose, versions, io, deadline, tenant, *,
                  last: bool):
-    nq, dim = queries.shape
+    """One attempt of ``search``; None when it must start over (see there). ``heads``:
+    ``(max_postings, eps, ef)`` of the graph's choice when ``choose`` is None."""
+    nq = queries.shape[0]
     heap_d = np.empty((nq, k), dtype=np.float32)
     heap_i = np.empty((nq, k), dtype=np.int64)
     sizes = np.zeros(nq, dtype=np.int32)
     generation = graph.generation
     held = nq <= SMALL_SEARCH_QUERIES  # small searches keep the GIL (``native.held``)
+    fused = _search_fused(queries, graph, idmap, store, readers, metric, heads, versions, heap_d, heap_i, sizes,
+                          tenant, generation, last) if held and choose is None else None
+    if fused is RETRY:
+        return None
+    if fused is not None:
+        head_ids, counts, grouped = fused
+    else:
+        if choose is None:
+            head_ids, _, counts = graph.search(queries, metric, heads[0], heads[1], heads[2], held=held)
+        else:
+            head_ids, counts = choose(queries, held)
+        grouped = None
+        resident = getattr(store, "scan_resident", None) if held else None
+        if resident is not None:  # postings kept in memory scanned where they lie
+            with readers.reading():
+                if graph.generation != generation and not last:
+                    return None
+                live = idmap.versions if versions is None else versions(idmap.versions)
+                grouped = resident(head_ids, counts, scratch().slots(graph.capacity), queries, metric, live,
+                                   idmap.vid2ext, heap_d, heap_i, sizes, tenant)
+    if grouped is not None and not grouped[0].shape[0]:  # every posting was kept: the kernel sorted the heaps
+        return heap_i, heap_d, {"postings": grouped[3], "records_scanned": grouped[4], "postings_dropped": 0}
+    return _read_rest(queries, head_ids, counts, grouped, graph, idmap, store, readers, metric, versions, io,
+                      deadline, tenant, generation, last, heap_d, heap_i, sizes)
+
+
+#: ``_search_fused``'s answer when the heads it chose may be outdated: search again.
+RETRY = object()
+
+
+def _search_fused(queries, graph, idmap, store, readers, metric, heads, versions, heap_d, heap_i, sizes, tenant,
+                  generation, last):
+    """Head search and resident scan in one kernel call (``RocksStore.search_resident``):
+    ``(head ids, counts, grouped misses or None for every posting)``, ``RETRY``, or None
+    where the fused path does not apply (another store, no live head, BLAS head scoring,
+    nothing kept, a commit landing)."""
+    fused = getattr(store, "search_resident", None)
+    if fused is None:
+        return None
+    nq = queries.shape[0]
+    m, eps, ef = heads
+    head_args = graph.fused_args(nq, m, ef)
+    if head_args is None:
+        return None
+    s = scratch()
+    sel, sel_d = s.chosen_arrays(nq, m)
+    with readers.reading():
+        live = idmap.versions if versions is None else versions(idmap.versions)
+        out = fused(head_args, m, eps, sel, sel_d, s.slots(graph.capacity), queries, metric, live, idmap.vid2ext,
+                    heap_d, heap_i, sizes, tenant)
+        if out is not None and graph.generation != generation and not last:
+            return RETRY
+    if out is None:
+        return None
+    counts, grouped = out
+    return sel, counts, grouped
+
+
+def _read_rest(queries, head_ids, counts, grouped, graph, idmap, store, readers, metric, versions, io, deadline,
+               tenant, generation, last, heap_d, heap_i, sizes):
+    """Read from the store and scan the postings the resident scan left (``grouped``: its
+    misses, counters; None: every chosen posting), then sort the heaps."""
+    dim = queries.shape[1]
+    held = queries.shape[0] <= SMALL_SEARCH_QUERIES
     kernels = native.held if held else native.scan
-    head_ids, counts = choose(queries, held)
-    slot = scratch().slots(graph.capacity)
     postings = scanned = dropped = 0
-    grouped = None
-    resident = getattr(store, "scan_resident", None) if held else None
-    if resident is not None:  # the fast path: postings kept in memory scanned where they lie
-        with readers.reading():
-            if graph.generation != generation and not last:
-                return None
-            live = idmap.versions if versions is None else versions(idmap.versions)
-            grouped = resident(head_ids, counts, slot, queries, metric, live, idmap.vid2ext, heap_d, heap_i, sizes,
-                               tenant)
-        if grouped is not None:
-            pids, q_ptr, q_idx, postings, scanned = grouped
-            if not pids.shape[0]:  # every posting was kept: the kernel sorted the heaps too
-                return heap_i, heap_d, {"postings": postings, "records_scanned": scanned, "postings_dropped": 0}
     if grouped is None:
-        pids, q_ptr, q_idx = kernels.group_by_posting(head_ids, counts, slot)
+        pids, q_ptr, q_idx = kernels.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
+    else:
+        pids, q_ptr, q_idx, postings, scanned = grouped
     for lo in range(0, pids.shape[0], READ_CHUNK):
         hi = min(lo + READ_CHUNK, pids.shape[0])
         with readers.reading():  # versions checked against the same state the read saw

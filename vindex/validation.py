@@ -95,6 +95,8 @@ def same_length(id_arr: np.ndarray, vec_arr: np.ndarray) -> None:
 
 
 def positive_int(value: Any, name: str, *, upper: int, lower: int = 1) -> int:
+    if type(value) is int and lower <= value <= upper:  # the common case, without the ABC check
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidKError(f"{name}: expected an integer in {lower}..{upper}, got {value!r}")
     value = int(value)
@@ -119,13 +121,29 @@ def non_negative_float(value: Any, name: str) -> float:
     return out
 
 
-#: Below this norm a float32 sum of squares is subnormal.
-_SMALL_NORM = np.float32(np.sqrt(np.finfo(np.float32).tiny))
-
-
 #: Largest squared norm of a stored vector or query under l2 and ip: distances and inner
 #: products of such rows stay finite in float32 (|a - b|^2 <= 2|a|^2 + 2|b|^2 < 3.4e38).
 MAX_SQUARED_NORM = 1e37
+
+
+def search_rows(x: Any, dim: int, *, unit: bool, what: str) -> np.ndarray:
+    """``x`` as ``vectors`` makes it, then scaled to unit length (``unit``: the cosine
+    metric) or checked as ``bounded_rows`` does, the checks in one kernel pass
+    (``native.rows``); ``unit_rows`` and ``bounded_rows`` name a failing row."""
+    from vindex import native  # (numba loads on the first search or write, not on import)
+
+    if not (type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous and 1 <= x.ndim <= 2
+            and x.shape[-1] == dim and x.size):
+        x = vectors(x, dim, what=what)
+        if not x.shape[0]:
+            return x
+    elif x.ndim == 1:
+        x = x.reshape(1, dim)
+    out = np.empty_like(x) if unit else x
+    if native.rows.check_rows(x, unit, MAX_SQUARED_NORM, out) < 0:
+        return out
+    x = vectors(x, dim, what=what)  # the specific error: non-finite values,
+    return unit_rows(x, what=what) if unit else bounded_rows(x, what=what)  # a zero row, a norm too large
 
 
 def bounded_rows(x: np.ndarray, *, what: str) -> np.ndarray:
@@ -142,24 +160,19 @@ def bounded_rows(x: np.ndarray, *, what: str) -> np.ndarray:
 
 
 def unit_rows(x: np.ndarray, *, what: str) -> np.ndarray:
-    """Rows scaled to unit length (cosine metric); zero rows are an error."""
-    with np.errstate(over="ignore", under="ignore"):
-        norms = np.sqrt(np.einsum("ij,ij->i", x, x))
-    # a float32 sum of squares overflows to inf past |x| ~ 1e19 (the row would become zero) and
-    # loses precision to subnormals, or underflows to 0, below ~1e-19 (a non-zero row would be
-    # refused or not come out unit length): redo those rows in float64
-    odd = ~np.isfinite(norms) | (norms < _SMALL_NORM)
-    if odd.any():
-        wide = x[odd].astype(np.float64)
-        wide_norms = np.sqrt(np.einsum("ij,ij->i", wide, wide))
-        if not wide_norms.all():
-            zero = np.flatnonzero(odd)[wide_norms == 0]
-            raise InvalidInputError(
-                f"{what}: cosine metric needs non-zero vectors, got zero vectors in rows {preview(zero)}")
-        out = x / np.where(odd, 1, norms)[:, None]
-        out[odd] = (wide / wide_norms[:, None]).astype(np.float32)
+    """Finite rows ``x (n, d) float32`` scaled to unit length (cosine metric), their norms
+    summed in float64 (``native.rows``); zero rows are an error."""
+    from vindex import native
+
+    out = np.empty_like(x)
+    if native.rows.check_rows(x, True, 0.0, out) < 0:
         return out
-    return x / norms[:, None]
+    finite = np.isfinite(x).all(axis=1)
+    if not finite.all():
+        raise NonFiniteError(f"{what}: expected finite float32 values, got NaN/Inf in rows "
+                             f"{preview(np.flatnonzero(~finite))}")
+    zero = np.flatnonzero(~x.any(axis=1))
+    raise InvalidInputError(f"{what}: cosine metric needs non-zero vectors, got zero vectors in rows {preview(zero)}")
 
 
 def seconds(value: Any, what: str) -> float:

@@ -410,25 +410,51 @@ class RocksStore:
         postings scanned, records scanned)``, the postings left to ``read``. None, with the
         heaps emptied, when a commit changed the directory meanwhile: the caller reads them
         all. The postings scanned count against ``tenant``'s quota as a read's do."""
+        out = self._on_kept(lambda table, kept, gens, spans: native.held.scan_resident(
+            sel, counts, slot, table, kept.rows_f, kept.rows, gens, spans, versions, vid2ext, queries, metric,
+            heap_d, heap_i, sizes), sizes, tenant, 3)
+        return out[0] if out is not None and out[1] else None
+
+    def search_resident(self, head_args: tuple, m: int, eps: float, sel: np.ndarray, sel_d: np.ndarray,
+                        slot: np.ndarray, queries: np.ndarray, metric: int, versions: np.ndarray,
+                        vid2ext: np.ndarray, heap_d: np.ndarray, heap_i: np.ndarray, sizes: np.ndarray,
+                        tenant: str = "default") -> tuple | None:
+        """A small search's head choice and resident scan in one kernel call
+        (``native.fast.search_resident``; ``head_args`` from ``HeadGraph.fused_args``):
+        ``(head counts, (miss pids, q_ptr, q_idx, postings scanned, records scanned) or
+        None)``, the heads in ``sel``; the second None, with the heaps emptied, when a commit
+        changed the directory during the call: the caller reads every chosen posting. None
+        (nothing done) when nothing is kept or a commit is landing."""
+        out = self._on_kept(lambda table, kept, gens, spans: native.fast.search_resident(
+            queries, metric, m, eps, *head_args, sel, sel_d, slot, table, kept.rows_f, kept.rows, gens, spans,
+            versions, vid2ext, heap_d, heap_i, sizes), sizes, tenant, 4)
+        if out is None:
+            return None
+        return out[0][0], (out[0][1:] if out[1] else None)
+
+    def _on_kept(self, kernel, sizes: np.ndarray, tenant: str, hits_at: int):
+        """``(kernel(table, kept, gens, spans), current)`` on the pinned table of kept postings,
+        under the directory's seqlock: None if a commit is landing (or nothing is kept);
+        ``current`` False (heaps emptied) if one landed meanwhile, else the postings it
+        scanned (its result's ``hits_at``) are admitted against ``tenant``'s quota."""
         kept = self._kept
         version = self._dir_version
         if version % 2 or not kept.capacity:
             return None
         table, token = kept.pin_all()
         try:
-            out = native.held.scan_resident(sel, counts, slot, table, kept.rows_f, kept.rows, self._gens.array(),
-                                            self._spans.array(), versions, vid2ext, queries, metric,
-                                            heap_d, heap_i, sizes)
+            out = kernel(table, kept, self._gens.array(), self._spans.array())
         finally:
             kept.release(token)
         if version != self._dir_version:
             sizes[:] = 0
-            return None
-        if out[3]:
-            self._io.admit(tenant, out[3])
-            self.reads += out[3]
-            self.resident_reads += out[3]
-        return out
+            return out, False
+        hits = out[hits_at]
+        if hits:
+            self._io.admit(tenant, hits)
+            self.reads += hits
+            self.resident_reads += hits
+        return out, True
 
     def _chunk_keys(self, pids: np.ndarray, gens: np.ndarray, found: np.ndarray | None, in_place: bool
                     ) -> "_ReadPlan":
