@@ -112,3 +112,65 @@ def test_resident_bytes_bounds_the_postings_kept(tmp_path, bigann):
         np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))
     with pytest.raises(ValueError, match="resident_bytes"):
         vindex.Index.open(tmp_path / "r", resident_bytes=-2)
+
+
+def _ranked(ids: np.ndarray, dists: np.ndarray) -> bool:
+    """Results best first, ties by id, each id once."""
+    n = int((ids >= 0).sum())
+    pairs = list(zip(dists[:n].tolist(), ids[:n].tolist()))
+    return pairs == sorted(pairs) and len(set(ids[:n].tolist())) == n and (ids[n:] == -1).all()
+
+
+def test_fused_path_matches_the_general_path_under_concurrent_writes(tmp_path, bigann):
+    """One-query searches (the fused kernel: head search and resident scan in one call) run
+    in threads while a writer upserts, deletes and moves vectors and rebalancing splits
+    postings: each result is ranked (ties by id) and holds no acknowledged delete; whenever
+    the writer pauses, every single query finds exactly what the same query finds in a
+    batch (the general path), distances bit for bit."""
+    base = bigann["base"][:6000].astype(np.float32)
+    queries = bigann["queries"][:SMALL_SEARCH_QUERIES + 4].astype(np.float32)
+    index = vindex.Index.build(tmp_path / "c", base[:3000], posting_limit_bytes=8 * 1024, **GRAPH)
+    index.search(queries, 10)
+    lock = threading.Lock()
+    gone: set[int] = set()
+    errors: list[str] = []
+    stop, running = threading.Event(), threading.Event()
+
+    def reader(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            if not running.wait(0.01):  # searches keep rebalancing waiting: none while it drains
+                continue
+            with lock:
+                dead = set(gone)
+            q = queries[int(rng.integers(queries.shape[0]))]
+            res = index.search(q, 10)
+            if not _ranked(res.ids[0], res.distances[0]):
+                errors.append(f"unranked result {res.ids[0].tolist()} {res.distances[0].tolist()}")
+            if dead.intersection(res.ids[0].tolist()):
+                errors.append(f"deleted ids {sorted(dead.intersection(res.ids[0].tolist()))} returned")
+
+    readers = [threading.Thread(target=reader, args=(s,)) for s in range(2)]
+    for t in readers:
+        t.start()
+    rng = np.random.default_rng(0)
+    try:
+        for lo in range(3000, 6000, 1000):
+            running.set()
+            index.upsert(np.arange(lo, lo + 1000), base[lo:lo + 1000])
+            dead = rng.choice(np.setdiff1d(np.arange(lo + 1000), list(gone)), 200, replace=False)
+            index.delete(dead)
+            with lock:
+                gone.update(dead.tolist())
+            moved = rng.choice(np.setdiff1d(np.arange(lo + 1000), list(gone)), 100, replace=False)
+            index.upsert(moved, base[moved] + 500.0)
+            running.clear()
+            assert index.wait_idle(timeout=60)
+            _assert_singles_match_batch(index, queries, gone)
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()
+    assert not errors, errors[:5]
+    assert index.stats()["splits"] > 0
+    index.close()
