@@ -40,7 +40,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure(args.log_level, args.log_json)  # one line per event, secrets taken out
     logging.getLogger("faiss").setLevel(logging.WARNING)  # its loader logs which CPU build it picked
     limits = Limits(max_rows=args.max_rows, max_queries=args.max_queries, max_k=args.max_k,
-                    max_results=args.max_results,
+                    max_results=args.max_results, max_search_threads=args.max_search_threads,
                     max_concurrent_rpcs=args.max_concurrent_rpcs, max_client_rpcs=args.max_client_rpcs,
                     max_inflight_bytes=args.max_inflight_bytes, inflight_wait_s=args.inflight_wait,
                     stream_idle_timeout_s=args.stream_idle_timeout)
@@ -171,7 +171,8 @@ def cmd_query(args: argparse.Namespace) -> int:
             lo_i, hi_i = int(lo or 0), int(hi) if hi else int(lo or 0) + 1
             queries = np.asarray(f[lo_i:hi_i], dtype=np.float32)
             labels = [f"{args.file} row {r}" for r in range(lo_i, lo_i + queries.shape[0])]
-        params = {} if args.max_postings is None else {"max_postings": args.max_postings}
+        params = {key: value for key, value in (("max_postings", args.max_postings), ("threads", args.threads))
+                  if value is not None}
         t0 = time.perf_counter()
         res = col.search(queries, args.k, filter=where, include=["documents"], **params)
         ms = (time.perf_counter() - t0) * 1e3
@@ -260,6 +261,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-queries", type=int, default=10_000, help="queries per search request")
     s.add_argument("--max-k", type=int, default=1024)
     s.add_argument("--max-results", type=int, default=1_000_000, help="queries x k per search request")
+    s.add_argument("--max-search-threads", type=_positive(int, zero=True), default=0,
+                   help="most cores one search request may ask for (SearchRequest.threads; default: all cores)")
     s.add_argument("--max-concurrent-rpcs", type=_positive(int), default=256,
                    help="calls in flight, all clients together; beyond it RESOURCE_EXHAUSTED (health "
                    "checks and reflection are never refused)")
@@ -338,6 +341,8 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--key", default="test", help="array name in an .hdf5 file")
     q.add_argument("-k", type=int, default=10)
     q.add_argument("--max-postings", type=int, default=None)
+    q.add_argument("--threads", type=int, default=None,
+                   help="cores the server searches the queries with (default: the collection's search_threads)")
     q.add_argument("--filter", default=None, help='a metadata filter as JSON, e.g. \'{"topic": "Arts"}\'')
     q.set_defaults(func=cmd_query)
 

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from vindex import errors, validation
+from vindex.config import MAX_SEARCH_THREADS
 from vindex.results import GetResult, SearchResult
 from vindex.validation import check_eps
 
@@ -96,11 +97,13 @@ class CollectionMethods(MethodsBase):
     @client_method
     def search(self, queries: Any, k: int = 10, *, filter: dict | None = None, include: Any = (),
                max_postings: int | None = None, eps: float | None = None, ef: int | None = None,
-               timeout: float | None = None) -> Call[SearchResult]:
+               timeout: float | None = None, threads: int | None = None) -> Call[SearchResult]:
         """The ``k`` nearest stored vectors of each query (among the records matching
         ``filter``), with the ``include``d fields; see :meth:`vindex.Index.search`.
         ``timeout`` is the call's gRPC deadline (default: the client's); reads the server
-        still has queued just before it are dropped and the result is ``partial``."""
+        still has queued just before it are dropped and the result is ``partial``.
+        ``threads``: cores the server searches the batch with (default: the collection's
+        ``search_threads``; the server refuses more than its ``--max-search-threads``)."""
         k = validation.k(k)
         timeout = None if timeout is None else validation.seconds(timeout, "timeout")
         q = self._rows(queries, "queries")
@@ -109,6 +112,8 @@ class CollectionMethods(MethodsBase):
                                max_postings=0 if max_postings is None else validation.positive_int(
                                    max_postings, "max_postings", upper=4096),
                                ef=0 if ef is None else validation.positive_int(ef, "ef", upper=65536),
+                               threads=0 if threads is None else validation.positive_int(
+                                   threads, "threads", upper=MAX_SEARCH_THREADS),
                                include=include)
         if eps is not None:
             req.eps = check_eps(eps)

@@ -63,6 +63,7 @@ class Limits:
     max_queries: int = 10_000        # queries in one search
     max_k: int = 1024
     max_results: int = 1_000_000     # queries x k in one search (bounds the response size)
+    max_search_threads: int = 0      # SearchRequest.threads allowed; 0: the machine's CPU cores
     # admission (service/admission.py); health checking and reflection are never refused
     max_concurrent_rpcs: int = 256   # calls in flight, all clients together
     max_client_rpcs: int = 64        # calls in flight of one client (tenant, or peer address)
@@ -413,6 +414,8 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
             params["ef"] = request.ef
         if request.HasField("eps"):
             params["eps"] = float(request.eps)
+        if request.threads:
+            params["threads"] = request.threads
         include, where = _include(request), decode_filter(request)  # the library checks both
 
         tenant = self.tenant_of(context)
@@ -444,6 +447,10 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
         def checked() -> np.ndarray:
             if not 1 <= k <= self.limits.max_k:
                 raise errors.InvalidKError(f"k: expected an integer in 1..{self.limits.max_k}, got {k}")
+            cap = self.limits.max_search_threads or os.cpu_count() or 1
+            if request.threads > cap:
+                raise errors.InvalidKError(f"threads: expected an integer in 1..{cap} (the server's "
+                                           f"--max-search-threads), got {request.threads}")
             q = decode_vectors(request.queries, request.float_queries, request.dim, request.nq or None, "queries",
                                self.limits.max_queries, rows_are="nq")
             if q.shape[0] * k > self.limits.max_results:

@@ -194,7 +194,7 @@ def health(channel, service: str = "") -> int:
 def server(tmp_path_factory):
     srv = ServerProcess(tmp_path_factory.mktemp("served") / "data", "--max-rows", str(MAX_ROWS),
                         "--max-queries", str(MAX_QUERIES), "--max-k", str(MAX_K),
-                        "--max-results", str(MAX_RESULTS))
+                        "--max-results", str(MAX_RESULTS), "--max-search-threads", "2")
     try:
         yield srv
     finally:
@@ -444,9 +444,25 @@ def test_upsert_invalid(stub, err_col, request_, error):
     (dict(queries=ROW, dim=DIM, k=5, ef=65537), "InvalidKError"),
     (dict(queries=ROW, dim=DIM, k=5, eps=-1.0), "InvalidKError"),
     (dict(queries=ROW, dim=DIM, k=5, eps=float("nan")), "InvalidKError"),
-], ids=["dim", "partial-row", "dim0", "nan", "inf", "k0", "k-over-max", "max_postings", "ef", "eps<0", "eps-nan"])
+    (dict(queries=ROW, dim=DIM, k=5, threads=3), "InvalidKError"),  # over --max-search-threads
+], ids=["dim", "partial-row", "dim0", "nan", "inf", "k0", "k-over-max", "max_postings", "ef", "eps<0", "eps-nan",
+        "threads-over-cap"])
 def test_search_invalid(stub, err_col, request_, error):
     _fails(stub.Search, pb.SearchRequest(collection="errors", **request_), INVALID, error)
+
+
+def test_search_threads_through_the_client(client, err_col):
+    """``threads`` reaches the server: a batch searched on two threads finds what one finds;
+    the client refuses a bad value before sending, the server one above its cap by name."""
+    queries = data(40, seed=12)
+    one = err_col.search(queries, 5, threads=1)
+    two = err_col.search(queries, 5, threads=2)
+    np.testing.assert_array_equal(one.ids, two.ids)
+    np.testing.assert_array_equal(one.distances, two.distances)
+    with pytest.raises(vindex.InvalidKError, match="threads"):
+        err_col.search(queries, 5, threads=0)
+    with pytest.raises(vindex.InvalidKError, match="max-search-threads"):
+        err_col.search(queries, 5, threads=3)
 
 
 def f64(rows: np.ndarray) -> bytes:
@@ -1175,6 +1191,9 @@ def test_cli(server, client, tmp_path, capsys):
     assert run_cli(capsys, "query", "cli", "--id", "123456", *s)[0] == 1
     rc, out, _ = run_cli(capsys, "query", "cli", "--file", npy, "--rows", "3:5", "-k", "2", "--max-postings", "4", *s)
     assert rc == 0 and "row 3:" in out and "row 4:" in out and "(2 queries, k=2" in out
+    rc, threaded, _ = run_cli(capsys, "query", "cli", "--file", npy, "--rows", "3:5", "-k", "2", "--max-postings", "4",
+                              "--threads", "2", *s)
+    assert rc == 0 and threaded.split("(")[0] == out.split("(")[0]  # the same results
 
     rc, out, _ = run_cli(capsys, "stats", "cli", *s)
     assert rc == 0 and json.loads(out)["live"] == 1000

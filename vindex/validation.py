@@ -139,9 +139,9 @@ def search_rows(x: Any, dim: int, *, unit: bool, what: str) -> np.ndarray:
             return x
     elif x.ndim == 1:
         x = x.reshape(1, dim)
-    out = np.empty_like(x) if unit else x
+    out = np.empty(x.shape if unit else (0, 0), np.float32)  # (x itself may be read-only)
     if native.rows.check_rows(x, unit, MAX_SQUARED_NORM, out) < 0:
-        return out
+        return out if unit else x
     x = vectors(x, dim, what=what)  # the specific error: non-finite values,
     return unit_rows(x, what=what) if unit else bounded_rows(x, what=what)  # a zero row, a norm too large
 
