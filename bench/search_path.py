@@ -54,6 +54,7 @@ class StageTimer:
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = defaultdict(float)
+        self.per_query: list[dict[str, float]] = []  # each query's seconds per stage
         self._stack: list[float] = []  # time spent in nested stages, per open stage
         self._undo: list[Callable[[], None]] = []
 
@@ -111,12 +112,17 @@ class StageTimer:
         return timed
 
 
-def one_by_one(index: vindex.Index, queries: np.ndarray, k: int, params: dict) -> np.ndarray:
+def one_by_one(index: vindex.Index, queries: np.ndarray, k: int, params: dict,
+               timer: "StageTimer | None" = None) -> np.ndarray:
+    """Each query's latency; with ``timer``, its stages' times per query are kept too."""
     lat = np.empty(queries.shape[0])
     for i in range(queries.shape[0]):
+        before = dict(timer.totals) if timer is not None else None
         t0 = time.perf_counter()
         index.search(queries[i], k, **params)
         lat[i] = time.perf_counter() - t0
+        if timer is not None:
+            timer.per_query.append({s: v - before.get(s, 0.0) for s, v in timer.totals.items()} | {"_total": lat[i]})
     return lat
 
 
@@ -128,13 +134,19 @@ def run(index: vindex.Index, queries: np.ndarray, k: int, params: dict, top: int
     timer.install()
     try:
         t0 = time.perf_counter()
-        one_by_one(index, queries, k, params)
+        one_by_one(index, queries, k, params, timer)
         timed_total = time.perf_counter() - t0
     finally:
         timer.remove()
     n = queries.shape[0]
     stages = {s: v / n * 1e6 for s, v in timer.totals.items()}
-    stages["other Python (Index.search, search.py, the wrappers)"] = timed_total / n * 1e6 - sum(stages.values())
+    other = "other Python (Index.search, search.py, the wrappers)"
+    stages[other] = timed_total / n * 1e6 - sum(stages.values())
+    # medians per query: on a shared machine a few preempted queries move the means a lot
+    rows = [{s: q.get(s, 0.0) for s in timer.totals} for q in timer.per_query]
+    for row, q in zip(rows, timer.per_query):
+        row[other] = q["_total"] - sum(row.values())
+    medians = {s: float(np.median([r[s] for r in rows]) * 1e6) for s in rows[0]} if rows else {}
     prof = cProfile.Profile()
     prof.enable()
     one_by_one(index, queries, k, params)
@@ -144,7 +156,8 @@ def run(index: vindex.Index, queries: np.ndarray, k: int, params: dict, top: int
     works = [index.search(q, k, **params).stats for q in queries[:200]]
     per_query = {key: sum(w[key] for w in works) / len(works) for key in ("postings", "records_scanned")}
     return {"p50_us": float(np.median(lat) * 1e6), "mean_us": float(lat.mean() * 1e6),
-            "timed_mean_us": timed_total / n * 1e6, "stages_us": stages, "profile": out.getvalue(),
+            "timed_mean_us": timed_total / n * 1e6, "stages_us": stages, "stages_median_us": medians,
+            "profile": out.getvalue(),
             "postings_per_query": per_query["postings"], "records_per_query": per_query["records_scanned"]}
 
 
@@ -174,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
           f"p50 {res['p50_us']:.0f} us, mean {res['mean_us']:.0f} us ({res['postings_per_query']:.1f} postings, "
           f"{res['records_per_query']:.0f} records a query); kept postings "
           f"{stats['store'].get('kept_bytes', 0) / 2**20:.0f} MiB")
-    print(f"\nper stage, mean us a query (timed run: {res['timed_mean_us']:.0f} us):")
+    print(f"\nper stage, us a query, mean and median (timed run: mean {res['timed_mean_us']:.0f} us):")
     for stage, us in sorted(res["stages_us"].items(), key=lambda kv: -kv[1]):
-        print(f"  {us:7.1f}  {stage}")
+        print(f"  {us:7.1f}  {res['stages_median_us'].get(stage, float('nan')):7.1f}  {stage}")
     print("\n" + res["profile"])
     return 0
 

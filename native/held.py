@@ -6,6 +6,11 @@ that thread lets go, up to the switch interval. A batch-size-1 search made five 
 so beside a thread running a plain Python loop it could wait five switch intervals, many
 times its own work; these entry points leave it one release: its read from the store.
 
+A small search over postings all kept in memory makes one kernel call in all,
+``native.fast.search_resident`` (head search and resident scan), which releases the GIL:
+one hand-off, and concurrent one-query searches run in parallel. These entry points serve the
+small searches that cannot take it (filtered ones, BLAS head scoring of 9-16 queries).
+
 Holding the GIL costs parallelism only for the time these kernels run, about 50 us for one
 query, less than such a search spends in Python anyway; batches larger than
 ``vindex.config.SMALL_SEARCH_QUERIES`` use the ``nogil`` kernels and run in parallel threads.
