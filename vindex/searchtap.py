@@ -49,13 +49,15 @@ class SearchTap:
         take = queries if nq <= per else queries[:: nq // per][:per]
         at = self._next
         n = take.shape[0]
-        self._next = at + n
         size = self._ring.shape[0]
         lo = at % size
         if lo + n <= size:  # (a slice copy: a search of one query pays ~1 us here, not ~10)
             self._ring[lo:lo + n] = take
         else:
             self._ring[np.arange(at, at + n) % size] = take
+        # advanced once the rows are in: ``recent`` on another thread never takes a slot
+        # still being written (it took unwritten zero rows, which cosine refuses)
+        self._next = at + n
 
     def recent(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """Up to ``n`` distinct queries drawn at random (a copy) from those kept since the
