@@ -38,7 +38,7 @@ STAGES = (
     ("read section / ticket", Readers, "reading"),
     ("head search", heads.HeadGraph, "search"),
     ("fused kernel: head search + resident scan (grouping, lookup, live ids, scan, top-k, sort)",
-     native.fast, "search_resident"),
+     native.held, "search_resident"),
     ("fast path: resident scan", native.held, "scan_resident"),
     ("grouping by posting", native.held, "group_by_posting"),
     ("store read (kept lookup, multi-get, gather)", rocks.RocksStore, "read"),

@@ -106,9 +106,9 @@ def warmup() -> None:
             sizes[:] = 0
             kernels.scan_resident(ids, counts, slot, table, recs_f, recs_u, gens, spans, versions, vid2ext, q, metric,
                                   hd, hi, sizes)
-        for exact in (False, True):
+        for exact, kernels in ((False, fast), (True, fast), (False, held), (True, held)):
             sizes[:] = 0
-            fast.search_resident(q, metric, 8, 10.0, exact, heads, nbrs, np.ones(n, np.bool_), entries[None], visited,
+            kernels.search_resident(q, metric, 8, 10.0, exact, heads, nbrs, np.ones(n, np.bool_), entries[None], visited,
                                  n + 40, bd, bi, bx, ids, dd, slot, table, recs_f, recs_u, gens, spans, versions,
                                  vid2ext, hd, hi, sizes)
     labels = np.full(4, -1, np.int64)

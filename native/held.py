@@ -7,9 +7,8 @@ so beside a thread running a plain Python loop it could wait five switch interva
 times its own work; these entry points leave it one release: its read from the store.
 
 A small search over postings all kept in memory makes one kernel call in all,
-``native.fast.search_resident`` (head search and resident scan), which releases the GIL:
-one hand-off, and concurrent one-query searches run in parallel. These entry points serve the
-small searches that cannot take it (filtered ones, BLAS head scoring of 9-16 queries).
+``search_resident`` (head search and resident scan, ``native.fast``), here: no hand-off at
+all; one that misses some postings releases the GIL once more, for its read.
 
 Holding the GIL costs parallelism only for the time these kernels run, about 50 us for one
 query, less than such a search spends in Python anyway; batches larger than
@@ -73,6 +72,15 @@ def scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, version
     """:func:`native.fast.scan_resident`, GIL held."""
     return fast.scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext, queries,
                               metric, heap_d, heap_i, sizes)
+
+
+@nb.njit(**_h)
+def search_resident(queries, metric, m, eps, exact, heads, nbrs, alive, starts, visited, stamp0, bd, bi, bx, sel,
+                    sel_d, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext, heap_d, heap_i, sizes):
+    """:func:`native.fast.search_resident`, GIL held."""
+    return fast.search_resident(queries, metric, m, eps, exact, heads, nbrs, alive, starts, visited, stamp0, bd,
+                                bi, bx, sel, sel_d, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext,
+                                heap_d, heap_i, sizes)
 
 
 @nb.njit(**_h)

@@ -4,7 +4,9 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-_q = dict(cache=True, nogil=True)
+# keeps the GIL: a search's argument check is too short to share the cores, and each release
+# costs it up to a switch interval beside a thread running Python (``native.held``)
+_q = dict(cache=True)
 
 
 @nb.njit(**_q)

@@ -91,7 +91,7 @@ class Readers:
     def _leave_reading(self) -> None:
         with self._lock:
             self._reading -= 1
-            if self._reading == 0:
+            if self._reading == 0 and self._writing:  # a writer (set under this lock) waits for it
                 self._cv.notify_all()
 
     @contextmanager

@@ -419,13 +419,13 @@ class RocksStore:
                         slot: np.ndarray, queries: np.ndarray, metric: int, versions: np.ndarray,
                         vid2ext: np.ndarray, heap_d: np.ndarray, heap_i: np.ndarray, sizes: np.ndarray,
                         tenant: str = "default") -> tuple | None:
-        """A small search's head choice and resident scan in one kernel call
-        (``native.fast.search_resident``; ``head_args`` from ``HeadGraph.fused_args``):
+        """A small search's head choice and resident scan in one kernel call that keeps the
+        GIL (``native.held.search_resident``; ``head_args`` from ``HeadGraph.fused_args``):
         ``(head counts, (miss pids, q_ptr, q_idx, postings scanned, records scanned) or
         None)``, the heads in ``sel``; the second None, with the heaps emptied, when a commit
         changed the directory during the call: the caller reads every chosen posting. None
         (nothing done) when nothing is kept or a commit is landing."""
-        out = self._on_kept(lambda table, kept, gens, spans: native.fast.search_resident(
+        out = self._on_kept(lambda table, kept, gens, spans: native.held.search_resident(
             queries, metric, m, eps, *head_args, sel, sel_d, slot, table, kept.rows_f, kept.rows, gens, spans,
             versions, vid2ext, heap_d, heap_i, sizes), sizes, tenant, 4)
         if out is None:
