@@ -20,8 +20,8 @@ import importlib
 
 from .metrics import IP as IP, L2 as L2  # re-exported: native.L2, native.IP
 
-_SUBMODULES = ("checksum", "distances", "fast", "graph", "heap", "held", "idhash", "kept", "kept_table", "kmeans", "layout",
-               "lire", "prefetch", "replicas", "rows", "scan")
+_SUBMODULES = ("checksum", "codes", "distances", "fast", "graph", "heap", "held", "idhash", "kept", "kept_table", "kmeans",
+               "layout", "lire", "prefetch", "replicas", "rows", "scan")
 
 
 def __getattr__(name: str):
@@ -111,6 +111,22 @@ def warmup() -> None:
             kernels.search_resident(q, metric, 8, 10.0, exact, heads, nbrs, np.ones(n, np.bool_), entries[None], visited,
                                  n + 40, bd, bi, bx, ids, dd, slot, table, recs_f, recs_u, gens, spans, versions,
                                  vid2ext, hd, hi, sizes)
+    from . import codes
+
+    lo, scale = np.full(d, -1, np.float32), np.full(d, 2 / 255, np.float32)
+    code_u = np.zeros((4, 2 + (d + 3) // 4), np.uint32)  # a code record's words
+    grouped = (np.array([1], np.int32), one_ptr, one_idx)
+    for metric in (distances.L2, distances.IP):
+        cand_d, cand_v, cand_n = np.empty((2, 3), np.float32), np.empty((2, 3), np.int64), np.zeros(2, np.int32)
+        codes.scan_codes(*grouped, table, code_u, code_u.view(np.uint8), gens, spans, versions, vid2ext, q, metric, lo,
+                         scale, cand_d, cand_v, cand_n)
+        codes.rerank(cand_d, cand_v, cand_n, -1, q, metric, vid2ext, hd, hi, sizes)
+    read_only = np.frombuffer(recs.tobytes(), dtype=np.float32).reshape(-1, d + 2)  # a commit's bytes
+    for rows_f in (recs_f, read_only):
+        rows_u = rows_f.view(np.uint32)
+        codes.encode(rows_u, rows_f, lo, 1 / scale, code_u, code_u.view(np.uint8))
+        codes.newer_rows(rows_u, np.full(8, 0xFF, np.uint8))
+        codes.write_vectors(-1, rows_u, rows_f, np.zeros(0, np.int64))
     labels = np.full(4, -1, np.int64)
     cents = np.zeros((2, d), np.float32)
     keep, n_live = lire.live_dedupe(recs_u, offsets, versions, np.full(8, -1, np.int64))

@@ -25,6 +25,8 @@ IO_SCHEDULERS = ("sla", "fifo")
 #: thread running Python, can take a whole switch interval: more than such a search spends in
 #: the kernels).
 SMALL_SEARCH_QUERIES = 16
+#: Default candidates reranked exactly per result asked for (``IndexConfig.rerank``).
+RERANK_FACTOR = 8
 #: Most threads one search may use (``search(..., threads=)``, ``search_threads``).
 MAX_SEARCH_THREADS = 256
 
@@ -34,6 +36,7 @@ RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebala
                             "io_scheduler", "interactive_p99_ms", "read_p99_ms",
                             "exact_search_max_heads", "max_metadata_bytes", "max_document_bytes",
                             "filter_exact_factor", "filter_widen", "search_threads", "resident_bytes",
+                            "resident_codes_bytes", "rerank",
                             "recall_monitor_cpu", "recall_alert", "recall_k"})
 
 
@@ -174,6 +177,14 @@ class IndexConfig:
     """(runtime) Bound on the memory for postings kept resident as searches read them (RocksDB
     store): a small search scans those where they lie and reads only the others from the
     store. -1: a quarter of ``cache_bytes``; 0: none kept."""
+    resident_codes_bytes: int = -1
+    """(runtime) Bound on the memory for int8 codes of postings (RocksDB store; built at open
+    from every posting, kept through every write): a small search scans the codes of
+    postings not kept as float32 and reranks its best ``rerank`` candidates exactly from
+    the vector file. -1: half of ``cache_bytes``; 0: no codes (and no vector file)."""
+    rerank: int = -1
+    """(runtime) Candidates per query a search scores exactly after scanning codes (at least
+    ``k``; 0: no codes). -1: ``RERANK_FACTOR`` times ``k``."""
     io_scheduler: str = "sla"
     """(runtime) ``sla``: storage reads queue per I/O class (searches first, earliest deadline
     first); background rebalancing and foreground writes yield to searches, their shares of
@@ -241,6 +252,8 @@ class IndexConfig:
         need(self.store in STORES, "store", f"one of {STORES}")
         need(0 <= self.cache_bytes <= 1 << 48, "cache_bytes", "0..2^48")
         need(-1 <= self.resident_bytes <= 1 << 48, "resident_bytes", "-1..2^48")
+        need(-1 <= self.resident_codes_bytes <= 1 << 48, "resident_codes_bytes", "-1..2^48")
+        need(-1 <= self.rerank <= 1 << 16, "rerank", "-1..65536")
         need(self.durability in DURABILITY, "durability", f"one of {DURABILITY}")
         need(self.io_scheduler in IO_SCHEDULERS, "io_scheduler", f"one of {IO_SCHEDULERS}")
         need(self.interactive_p99_ms > 0, "interactive_p99_ms", "> 0")
@@ -283,6 +296,14 @@ class IndexConfig:
     def resident_budget(self) -> int:
         """Bytes of postings the store may keep resident (``resident_bytes``)."""
         return self.cache_bytes // 4 if self.resident_bytes < 0 else self.resident_bytes
+
+    def codes_budget(self) -> int:
+        """Bytes of posting codes the store may keep resident (``resident_codes_bytes``)."""
+        return self.cache_bytes // 2 if self.resident_codes_bytes < 0 else self.resident_codes_bytes
+
+    def rerank_for(self, k: int) -> int:
+        """Candidates reranked exactly per query of a ``k``-nearest search (``rerank``)."""
+        return RERANK_FACTOR * k if self.rerank < 0 else max(self.rerank, k) if self.rerank else 0
 
     def ef_for(self, max_postings: int) -> int:
         return self.search_ef if self.search_ef > 0 else max(max_postings, 32)

@@ -149,7 +149,8 @@ class Index:
         try:
             manifest = layout.Manifest(dim, metric, cfg)
             store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(dim),
-                               cache_bytes=cfg.cache_bytes, resident_bytes=cfg.resident_budget(), create=True,
+                               cache_bytes=cfg.cache_bytes, resident_bytes=cfg.resident_budget(),
+                           codes_bytes=cfg.codes_budget(), create=True,
                                io_scheduler=cfg.io_scheduler,
                                targets=IOTargets.of(cfg))
             idmap = IdMap(capacity=max(16, x.shape[0]))
@@ -215,7 +216,8 @@ class Index:
         manifest = layout.read(path, runtime)
         cfg = manifest.config
         store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(manifest.dim),
-                           cache_bytes=cfg.cache_bytes, resident_bytes=cfg.resident_budget(), create=False,
+                           cache_bytes=cfg.cache_bytes, resident_bytes=cfg.resident_budget(),
+                           codes_bytes=cfg.codes_budget(), create=False,
                            io_scheduler=cfg.io_scheduler,
                            targets=IOTargets.of(cfg))
         try:
@@ -280,7 +282,7 @@ class Index:
     def search(self, queries: Any, k: int = 10, *, filter: Any = None, include: Any = (),
                max_postings: int | None = None, eps: float | None = None, ef: int | None = None,
                timeout: float | None = None, tenant: str = "default", interactive: bool | None = None,
-               threads: int | None = None) -> SearchResult:
+               threads: int | None = None, rerank: int | None = None) -> SearchResult:
         """The ``k`` nearest stored vectors of each query.
 
         ``filter`` (a dict in the filter language, docs/filters.md) restricts the results to
@@ -298,8 +300,11 @@ class Index:
         searches of up to 16 queries are (larger batches are throughput work, which the
         background would otherwise fall behind). ``threads``: cores a batch's search uses
         (pieces of over 16 queries each, in parallel); default ``IndexConfig.search_threads``.
+        ``rerank``: candidates per query scored exactly after a scan of int8 posting codes
+        (searches of up to 16 queries; 0: float32 postings only); default ``IndexConfig.rerank``.
         """
         q, k, m, e, beam, n_threads = self._search_args(queries, k, max_postings, eps, ef, threads)
+        n_rerank = self._rerank_arg(rerank, k)
         f = None if filter is None else compile_filter(filter)
         include = _NOTHING if type(include) is tuple and not include else payloads.check_include(include)
         timeout = None if timeout is None else validation.seconds(timeout, "timeout")
@@ -332,7 +337,7 @@ class Index:
                                               idmap=st.idmap, store=eng.store, readers=eng.readers,
                                               metric=self._metric_code, max_postings=m, eps=e, ef=max(beam, m),
                                               deadline=deadline, tenant=str(tenant), choose=choose,
-                                              versions=versions)
+                                              versions=versions, rerank=n_rerank)
         finally:
             eng.readers.end(ticket)
         if f is not None:
@@ -403,6 +408,15 @@ class Index:
         n_threads = (cfg.search_threads if threads is None
                      else validation.positive_int(threads, "threads", upper=MAX_SEARCH_THREADS))
         return self._vectors(queries, "queries"), k, m, e, beam, n_threads
+
+    def _rerank_arg(self, rerank: Any, k: int) -> int:
+        """Validated ``rerank`` (0, or at least ``k``), with the config's default."""
+        if rerank is None:
+            return self.config.rerank_for(k)
+        n = validation.positive_int(rerank, "rerank", upper=1 << 16, lower=0)
+        if 0 < n < k:
+            raise InvalidInputError(f"rerank: expected 0 (no codes) or at least k={k} candidates, got {rerank!r}")
+        return n
 
     def _vectors(self, x: Any, what: str) -> np.ndarray:
         return validation.search_rows(x, self.dim, unit=self.metric == "cosine", what=what)
@@ -645,7 +659,8 @@ class Index:
 
     # --- maintenance --------------------------------------------------------------------------
     def wait_idle(self, timeout: float | None = None, *, progress: Mode = False) -> bool:
-        """Wait until background rebalancing has nothing queued or running; False if
+        """Wait until background rebalancing has nothing queued or running (nor a build of
+        the posting codes that a search started after open); False if
         ``timeout`` seconds pass first. Raises the failure of a background round that starts
         after the call and fails (the work is retried, so a call after the cause is gone
         returns True; a round already running when it came is not held against it).
@@ -655,7 +670,10 @@ class Index:
         with watch(f"background work of {self.path}", lambda: self._rebalancer.depth, check_mode(progress)):
             idle = self._rebalancer.wait_idle(timeout)
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-        return self._engine.checkpoints.wait_idle(left) and idle
+        idle = self._engine.checkpoints.wait_idle(left) and idle
+        wait_codes = getattr(self._engine.store, "wait_codes", None)  # a build of the codes begun (RocksDB store)
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        return (wait_codes is None or wait_codes(left)) and idle
 
     def pause_background(self) -> contextlib.AbstractContextManager[None]:
         """A context in which no background rebalancing round starts (one already running

@@ -86,7 +86,8 @@ def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store
            readers: Readers, metric: int, max_postings: int, eps: float, ef: int,
            io: IOClass = IOClass.INTERACTIVE, deadline: float | None = None, tenant: str = "default",
            choose: Callable[[np.ndarray, bool], tuple[np.ndarray, np.ndarray]] | None = None,
-           versions: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+           versions: Callable[[np.ndarray], np.ndarray] | None = None, rerank: int = 0
+           ) -> tuple[np.ndarray, np.ndarray, dict]:
     """Top-``k`` ``(ext ids (nq, k) int64, internal distances (nq, k) float32)``, padded, and
     work counters: postings read (once each per batch), records scanned (summed over
     queries: the distance computations) and postings dropped (reads the I/O scheduler dropped
@@ -100,17 +101,21 @@ def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store
 
     A filtered search (see ``filtered``) passes ``choose(queries, held) -> (head ids,
     counts)``, the postings to scan instead of the graph's nearest, and ``versions(live
-    version map) -> version map`` that marks the records it must skip as deleted."""
+    version map) -> version map`` that marks the records it must skip as deleted.
+
+    ``rerank`` > 0: a small search scans the postings it did not find kept as float32 as
+    the store's int8 codes where it has them, and scores its best ``rerank`` candidates
+    exactly (``RocksStore.scan_codes``)."""
     for attempt in range(SELECT_ATTEMPTS):
         out = _search_once(queries, k, graph, idmap, store, readers, metric, (max_postings, eps, ef), choose,
-                           versions, io, deadline, tenant, last=attempt == SELECT_ATTEMPTS - 1)
+                           versions, io, deadline, tenant, rerank, last=attempt == SELECT_ATTEMPTS - 1)
         if out is not None:
             return out
     raise AssertionError("unreachable: the last attempt always returns")
 
 
-def _search_once(queries, k, graph, idmap, store, readers, metric, heads, choose, versions, io, deadline, tenant, *,
-                 last: bool):
+def _search_once(queries, k, graph, idmap, store, readers, metric, heads, choose, versions, io, deadline, tenant,
+                 rerank, *, last: bool):
     """One attempt of ``search``; None when it must start over (see there). ``heads``:
     ``(max_postings, eps, ef)`` of the graph's choice when ``choose`` is None."""
     nq = queries.shape[0]
@@ -139,7 +144,16 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, heads, choose
                 live = idmap.versions if versions is None else versions(idmap.versions)
                 grouped = resident(head_ids, counts, scratch().slots(graph.capacity), queries, metric, live,
                                    idmap.vid2ext, heap_d, heap_i, sizes, tenant)
-    if grouped is not None and not grouped[0].shape[0]:  # every posting was kept: the kernel sorted the heaps
+    if grouped is not None and grouped[0].shape[0] and rerank:  # the misses' codes, where the store has them
+        with readers.reading():
+            if graph.generation != generation and not last:
+                return None
+            live = idmap.versions if versions is None else versions(idmap.versions)
+            grouped = store.scan_codes(grouped, queries, metric, live, idmap.vid2ext, heap_d, heap_i, sizes, rerank,
+                                       tenant)
+        if not grouped[0].shape[0]:  # the rest were coded: sorted here
+            native.held.finish(heap_d, heap_i, sizes)
+    if grouped is not None and not grouped[0].shape[0]:  # every posting was kept (the kernel sorted the heaps)
         return heap_i, heap_d, {"postings": grouped[3], "records_scanned": grouped[4], "postings_dropped": 0}
     return _read_rest(queries, head_ids, counts, grouped, graph, idmap, store, readers, metric, versions, io,
                       deadline, tenant, generation, last, heap_d, heap_i, sizes)

@@ -155,6 +155,18 @@ class KeptPostings:
                     self.live_rows += n
         return flags
 
+    def forget(self, pids: list[int]) -> None:
+        """Stop using the entries of ``pids`` (their postings changed); their rows are
+        overwritten in ring order, as evicted ones are."""
+        if not pids:
+            return
+        with self.lock:
+            t = self._table
+            for pid in pids:
+                if pid < t.shape[0] and t[pid, START] >= 0:
+                    self.live_rows -= int(t[pid, ROWS])
+                    t[pid, START] = -1
+
     def _take(self, pid: int, n: int, *, evict: bool, pending: int = 0) -> tuple[int, int, int] | None:
         """Take ``n`` rows for ``pid`` (lock held): ``(entry number, start, n)``, or None.
         Entries join ``_order`` here, so that it stays in ring order; one taken but not yet

@@ -61,6 +61,7 @@ from ..iosched import IOScheduler, IOTargets
 from .base import Change, InPlace, IOClass, PostingBatch, ReadBuffers
 from .directory import Lengths
 from .diskfull import NO_SPACE_ERRNOS, HandleGate, free_bytes, no_space_errno, wal_bytes
+from .codes import PostingCodes
 from .kept import GEN, INITIAL_BYTES, ROWS, SEQ, SPAN, START, KeptPostings
 
 _CFS = ("postings", "pdir", "log", "payload")
@@ -92,6 +93,10 @@ REREAD_MOVED_MIN = 64
 #: Default share of ``cache_bytes`` (on top of the block cache) that postings read may take in
 #: memory (see ``RocksStore._kept``).
 KEPT_SHARE = 0.25
+#: The vector file of the codes' rerank (``codes.VectorFile``) is the store's path with this added.
+VECTORS_SUFFIX = "-vectors.f32"
+#: Postings per read when the codes are built at open.
+CODES_BUILD_READ = 1024
 #: Default for ``RocksStore(resume_free_bytes=)``: room needed, beyond the write-ahead logs
 #: that reopening writes out as tables, before a store stopped by a full disk writes again.
 RESUME_FREE_BYTES = 1 << 20
@@ -214,7 +219,7 @@ class _ReadPlan:
     Per-posting lists cover the postings gathered into the read's buffer: all of them, or
     with ``in_place`` those not left where they are kept."""
 
-    __slots__ = ("keys", "counts", "held", "leads", "from_memory", "learn", "pids", "gens", "in_place")
+    __slots__ = ("keys", "counts", "held", "leads", "from_memory", "learn", "pids", "gens", "spans", "in_place")
 
     def __init__(self) -> None:
         self.keys: list[bytes] = []
@@ -225,6 +230,7 @@ class _ReadPlan:
         self.learn: list[tuple[int, int, int]] = []  # (posting index, span word, its first key's index)
         self.pids: list[int] = []
         self.gens: list[int] = []
+        self.spans: list[int] = []  # span words the keys were made from
         # postings kept whole and unchanged, left in memory: (positions in the read, their
         # first rows, rows, entry numbers)
         self.in_place: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -238,13 +244,15 @@ class RocksStore:
     postings kept in memory (``KeptPostings``). ``resume_free_bytes``: room needed beyond
     the write-ahead logs before a store stopped by a full disk reopens and writes again.
     ``resident_bytes``: bound on the postings kept in memory (None: ``KEPT_SHARE`` of
-    ``cache_bytes``).
+    ``cache_bytes``). ``codes_bytes``: bound on the int8 codes of postings kept in memory
+    (``codes``; 0: none).
     """
 
     def __init__(self, path: str, *, record_size: int, cache_bytes: int, create: bool,
                  io_scheduler: str = "sla", targets: IOTargets = IOTargets(),
                  early_write_keys: int = EARLY_WRITE_KEYS, kept_initial_bytes: int = INITIAL_BYTES,
-                 resume_free_bytes: int = RESUME_FREE_BYTES, resident_bytes: int | None = None):
+                 resume_free_bytes: int = RESUME_FREE_BYTES, resident_bytes: int | None = None,
+                 codes_bytes: int = 0):
         self.record_size = record_size
         self.early_write_keys = early_write_keys
         self.resume_free_bytes = resume_free_bytes
@@ -284,6 +292,15 @@ class RocksStore:
         self.reads = 0
         self.resident_reads = 0  # postings small searches scanned where they are kept (``scan_resident``)
         self.read_bytes = 0
+        self._codes: PostingCodes | None = None
+        # the codes of a store opened are built by a thread the first search starts
+        # (``build_codes``); a new store's are made as it is written
+        self._codes_build: threading.Thread | None = None
+        self._codes_begun = create
+        self._codes_lock = threading.Lock()
+        self._codes_stop = threading.Event()
+        if codes_bytes > 0:
+            self._codes = PostingCodes(codes_bytes, record_size // 4 - 2, path.rstrip(os.sep) + VECTORS_SUFFIX)
 
     # --- open ---------------------------------------------------------------------------------
     def _open_db(self, create: bool) -> Rdict:
@@ -388,6 +405,8 @@ class RocksStore:
                 kept.repin(token, int(plan.in_place[3].min()))
             if whole and plan.learn and kept.capacity:
                 self._keep(plan, values, data, offsets, search=io is IOClass.INTERACTIVE)
+            if whole and io is IOClass.INTERACTIVE and self._codes is not None and plan.pids:
+                self._learn_codes(plan, data, offsets)
             self.reads += len(pids)
             self.read_bytes += data.shape[0]
             if plan.in_place is None:
@@ -409,7 +428,10 @@ class RocksStore:
         current, where they lie, into the heaps; returns ``(miss pids, q_ptr, q_idx,
         postings scanned, records scanned)``, the postings left to ``read``. None, with the
         heaps emptied, when a commit changed the directory meanwhile: the caller reads them
-        all. The postings scanned count against ``tenant``'s quota as a read's do."""
+        all. The postings scanned count against ``tenant``'s quota as a read's do. With
+        nothing kept, every posting is a miss (for the codes, then the store)."""
+        if not self._kept.capacity:
+            return (*native.held.group_by_posting(sel, counts, slot), 0, 0)
         out = self._on_kept(lambda table, kept, gens, spans: native.held.scan_resident(
             sel, counts, slot, table, kept.rows_f, kept.rows, gens, spans, versions, vid2ext, queries, metric,
             heap_d, heap_i, sizes), sizes, tenant, 3)
@@ -456,6 +478,117 @@ class RocksStore:
             self.resident_reads += hits
         return out, True
 
+    def scan_codes(self, grouped: tuple, queries: np.ndarray, metric: int, versions: np.ndarray,
+                   vid2ext: np.ndarray, heap_d: np.ndarray, heap_i: np.ndarray, sizes: np.ndarray, rerank: int,
+                   tenant: str = "default") -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+        """The fast path's misses ``grouped`` (as ``scan_resident`` returns them) scanned as
+        int8 codes where the store holds them whole and current (``native.codes.scan_codes``),
+        the best ``rerank`` of each query scored exactly against its float32 vector into the
+        heaps; returns what is left to ``read``, as ``grouped``, counts added. A commit that
+        changed the directory meanwhile leaves the heaps as they were and ``grouped`` to read."""
+        codes = self._codes
+        pids, q_ptr, q_idx, postings, scanned = grouped
+        if codes is None or rerank <= 0 or not pids.shape[0]:
+            return grouped
+        if not self._codes_begun:
+            self._start_codes_build()
+        if not codes.ready:
+            return grouped
+        version = self._dir_version
+        if version % 2:
+            return grouped
+        ring, nq = codes.ring, queries.shape[0]
+        cand_d = np.empty((nq, rerank), dtype=np.float32)
+        cand_v = np.empty((nq, rerank), dtype=np.int64)
+        cand_n = np.zeros(nq, dtype=np.int32)
+        table, token = ring.pin_all()
+        try:
+            miss, m_ptr, m_idx, hits, coded = native.codes.scan_codes(
+                pids, q_ptr, q_idx, table, ring.rows, codes.ring_b, self._gens.array(), self._spans.array(), versions,
+                vid2ext, queries, metric, codes.lo, codes.scale, cand_d, cand_v, cand_n)
+        finally:
+            ring.release(token)
+        if version != self._dir_version:
+            return grouped
+        codes.rerank_reads += native.codes.rerank(cand_d, cand_v, cand_n, codes.vectors.fd, queries, metric, vid2ext,
+                                                  heap_d, heap_i, sizes)
+        if hits:
+            self._io.admit(tenant, hits)
+            self.reads += hits
+            codes.code_reads += hits
+        return miss, m_ptr, m_idx, postings + hits, scanned + coded
+
+    def _start_codes_build(self) -> None:
+        with self._codes_lock:  # one thread, started once
+            if not self._codes_begun:
+                self._codes_begun = True
+                self._codes_build = threading.Thread(target=self.build_codes, name="vindex-codes", daemon=True)
+                self._codes_build.start()
+
+    def wait_codes(self, timeout: float | None = None) -> bool:
+        """Wait until a build of the codes that has started is done; False on ``timeout``."""
+        build = self._codes_build
+        if build is not None:
+            build.join(timeout)
+            return not build.is_alive()
+        return True
+
+    def build_codes(self) -> None:
+        """Code every posting (reading the whole store once, outside the block cache) and
+        write the vector file (``stats()["codes_build_seconds"]`` says how long it took).
+        Commits go on meanwhile: a piece of postings a commit moved while it was read
+        reads nothing wrong (a posting's chunks never change under its generation and first
+        chunk, and its codes are named after what was read), so it is kept as read."""
+        started = time.perf_counter()
+        pids = np.flatnonzero(self._spans.array() & _CHUNKS_MASK).astype(np.int64)
+        rs = self.record_size
+        for lo in range(0, pids.shape[0], CODES_BUILD_READ):
+            if self._codes_stop.is_set():
+                return
+            part = pids[lo:lo + CODES_BUILD_READ]
+            version = self._dir_version
+            plan = self._chunk_keys(part, self._gens.get(part), None, False)
+            values = self._multi_get(plan.keys, IOClass.BACKGROUND) if plan.keys else []
+            if version % 2 or version != self._dir_version:  # those postings are coded when a search reads them
+                continue
+            data, offsets = self._gather(values, plan)
+            offs = offsets.tolist()
+            self._codes.keep([(p, span, gen, data[offs[i] * rs:offs[i + 1] * rs])
+                              for i, (p, span, gen) in enumerate(zip(plan.pids, plan.spans, plan.gens))])
+        self._codes.build_seconds = time.perf_counter() - started
+
+    def _learn_codes(self, plan: "_ReadPlan", data: np.ndarray, offsets: np.ndarray) -> None:
+        """Code the postings a search read whole whose codes the store does not hold as they
+        were read (pushed out, or forgotten by an append)."""
+        codes, rs = self._codes, self.record_size
+        pids = np.asarray(plan.pids, dtype=np.int64)
+        found, token = codes.ring.find(pids)
+        codes.ring.release(token)
+        usable, _, _ = native.kept.usable(found, np.asarray(plan.gens, dtype=np.int64),
+                                          np.asarray(plan.spans, dtype=np.int64))
+        offs = offsets.tolist()
+        codes.keep([(plan.pids[i], plan.spans[i], plan.gens[i], data[offs[i] * rs:offs[i + 1] * rs])
+                    for i in np.flatnonzero(~usable).tolist()])
+
+    def _code_commit(self, change: Change, pids: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
+        """Keep the codes of the postings a commit wrote as the commit left them (directory
+        and generations already updated): replaced postings coded anew, appends coded after
+        the posting's codes, dropped postings forgotten."""
+        codes = self._codes
+        touched = pids.tolist()
+        new_span = dict(zip(touched, (after[:, 0] << 32 | after[:, 1]).tolist()))
+        old_span = dict(zip(touched, before.tolist()))
+        gens = dict(zip(touched, self._gens.get(pids).tolist()))
+        dropped = set(change.drops)
+        codes.ring.forget(change.drops)
+        fresh = [(pid, new_span[pid], gens[pid], np.frombuffer(data + change.appends.get(pid, b""), np.uint8))
+                 for pid, data in change.replaces.items()]
+        fresh += [(pid, new_span[pid], gens[pid], np.frombuffer(data, np.uint8))
+                  for pid, data in change.appends.items() if pid in dropped and pid not in change.replaces]
+        codes.keep(fresh)
+        codes.extend([(pid, old_span[pid], new_span[pid], gens[pid], np.frombuffer(data, np.uint8))
+                      for pid, data in change.appends.items() if pid not in dropped and pid not in change.replaces])
+
     def _chunk_keys(self, pids: np.ndarray, gens: np.ndarray, found: np.ndarray | None, in_place: bool
                     ) -> "_ReadPlan":
         """The keys to fetch, from the directory as it is now: every chunk of each posting,
@@ -491,7 +624,7 @@ class RocksStore:
         else:
             columns = (pids[rest].tolist(), spans[rest].tolist(), gens[rest].tolist(), usable[rest].tolist())
             kept_rows = found[rest].tolist()
-        plan.pids, plan.gens = columns[0], columns[2]
+        plan.pids, plan.spans, plan.gens = columns[0], columns[1], columns[2]
         for i, (pid, span, gen, use, t) in enumerate(zip(*columns, kept_rows)):
             c = span & _CHUNKS_MASK
             if use:
@@ -786,6 +919,8 @@ class RocksStore:
                     moved = np.array([*change.drops, *change.replaces], dtype=np.int64)
                     if moved.size:  # what reads kept no longer belongs to these postings
                         self._gens.put(moved, self._gens.get(moved) + 1)
+                    if self._codes is not None:
+                        self._code_commit(change, pids, spans, after)
             finally:
                 self._dir_version += 1
             return seq
@@ -824,9 +959,15 @@ class RocksStore:
     def _bulk_load(self, pids: np.ndarray, records: np.ndarray, offsets: np.ndarray, opts: WriteOptions) -> None:
         post, pdir = self._handle["postings"], self._handle["pdir"]
         batch, size = WriteBatch(raw_mode=True), 0
+        codes = self._codes
+        coded: list[tuple[int, int, int, np.ndarray]] = []
+        if codes is not None and records.ndim == 2:
+            codes.train(records)  # the whole build, not its first postings
         for i, pid in enumerate(np.asarray(pids).tolist()):
             lo, hi = int(offsets[i]), int(offsets[i + 1])
             data = records[lo:hi].tobytes()
+            if codes is not None:
+                coded.append((pid, 1, int(self._gens.get_one(pid)) + 1, np.frombuffer(data, np.uint8)))
             batch.put(_key(pid, 0), data, post)
             batch.put(_PID.pack(pid), _PDIR.pack(1, hi - lo, 0), pdir)
             self._spans.ensure(pid)
@@ -839,6 +980,11 @@ class RocksStore:
             if size >= 64 << 20:
                 self._db.write(batch, opts)
                 batch, size = WriteBatch(raw_mode=True), 0
+            if len(coded) >= CODES_BUILD_READ:
+                codes.keep(coded)
+                coded = []
+        if coded:
+            codes.keep(coded)
         if len(batch):
             self._db.write(batch, opts)
         self._db.flush()
@@ -905,6 +1051,7 @@ class RocksStore:
             "kept_bytes": self._kept.live_bytes,
             "resident_reads": self.resident_reads,
             "kept_allocated_bytes": self._kept.allocated_bytes,
+            **(self._codes.stats() if self._codes is not None else {"codes_bytes": 0}),
             "sst_bytes": sst_bytes,
             "writes_stopped": self._write_error is not None,
             "io": self._io.stats(),
@@ -913,6 +1060,10 @@ class RocksStore:
     def close(self) -> None:
         self._io.close()
         self._kept = KeptPostings(0, self.record_size)  # its memory goes now, not with the store
+        self._codes_stop.set()
+        self.wait_codes()
+        if self._codes is not None:
+            self._codes.close()
         try:
             if self._write_error is None:  # else RocksDB refuses it; what the log holds is in it already
                 with _errors(self.path, "syncing the write-ahead log"):

@@ -1,0 +1,214 @@
+"""Scalar int8 posting codes: encode records, scan codes into candidate heaps, rerank exactly.
+
+A code record is ``[vid u32][version u32][dim uint8 codes, padded to whole words]``: the
+posting record's header, then each dimension quantized as ``round((x - lo) / scale)`` clipped
+to 0..255 (``lo``/``scale`` per dimension, see ``vindex.storage.codes``). A scan estimates a
+record's distance from its codes; the best ``rerank`` candidates of each query are then
+scored exactly against their float32 vectors, read with ``pread`` from the vector file (one
+row per vid), and offered to the exact top-k heaps.
+
+``rerank`` and ``write_vectors`` call libc's ``pread``/``pwrite`` through ctypes: numba
+cannot cache a kernel that holds a foreign function's address, so those two compile once per
+process (``native.warmup`` does it up front).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numba as nb
+import numpy as np
+
+from . import heap
+from .distances import FASTMATH, to_rows
+from .fast import resident_whole
+from .metrics import L2
+
+_q = dict(cache=True, nogil=True, fastmath=FASTMATH)
+_io = dict(nogil=True, fastmath=FASTMATH)  # not cached: calls libc through ctypes
+
+HEADER_BYTES = 8
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_pread = _libc.pread
+_pread.restype = ctypes.c_ssize_t
+_pread.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64)
+_pwrite = _libc.pwrite
+_pwrite.restype = ctypes.c_ssize_t
+_pwrite.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64)
+
+
+@nb.njit(**_q)
+def encode(recs_u, recs_f, lo, inv_scale, out_u, out_b):
+    """Code records of float32 records ``recs_u``/``recs_f`` (``(n, dim + 2)`` views of the
+    same rows) into ``out_u``/``out_b`` (``(n, words)`` uint32 and its bytes)."""
+    dim = lo.shape[0]
+    for e in range(recs_u.shape[0]):
+        out_u[e, 0] = recs_u[e, 0]
+        out_u[e, 1] = recs_u[e, 1]
+        for d in range(dim):
+            c = (recs_f[e, 2 + d] - lo[d]) * inv_scale[d] + np.float32(0.5)
+            if c < 0:
+                c = 0
+            elif c > 255:
+                c = 255
+            out_b[e, HEADER_BYTES + d] = np.uint8(c)
+        for d in range(HEADER_BYTES + dim, out_b.shape[1]):
+            out_b[e, d] = 0
+
+
+@nb.njit(**_q)
+def _prepare(queries, metric, lo, scale):
+    """Per query, what a code distance needs: for L2 ``q - lo`` (then ``sum (t - c*scale)^2``),
+    for IP ``q * scale`` and ``-q.lo`` (then ``-q.lo - sum (q*scale) * c``)."""
+    nq, dim = queries.shape
+    t = np.empty((nq, dim), dtype=np.float32)
+    base = np.zeros(nq, dtype=np.float32)
+    for i in range(nq):
+        for d in range(dim):
+            if metric == L2:
+                t[i, d] = queries[i, d] - lo[d]
+            else:
+                t[i, d] = queries[i, d] * scale[d]
+                base[i] -= queries[i, d] * lo[d]
+    return t, base
+
+
+@nb.njit(**_q)
+def _code_distance(metric, t, base, scale, codes_b, e, dim):
+    s = np.float32(0.0)
+    if metric == L2:
+        for d in range(dim):
+            x = t[d] - np.float32(codes_b[e, HEADER_BYTES + d]) * scale[d]
+            s += x * x
+        return s
+    for d in range(dim):
+        s += t[d] * np.float32(codes_b[e, HEADER_BYTES + d])
+    return base - s
+
+
+@nb.njit(**_q)
+def scan_codes(pids, q_ptr, q_idx, table, codes_u, codes_b, gens, spans, versions, vid2ext, queries, metric, lo,
+               scale, cand_d, cand_v, cand_n):
+    """Scan the code records of postings ``pids`` (each wanted by queries
+    ``q_idx[q_ptr[p]:q_ptr[p+1]]``) that the code table holds whole and current
+    (``fast.resident_whole``) into per-query candidate heaps ``cand_d``/``cand_v`` (estimated
+    distance, vid; sizes ``cand_n``), live records only, each vid once. Returns ``(miss pids,
+    q_ptr, q_idx, postings scanned, records scanned)``, the misses grouped as given."""
+    n = pids.shape[0]
+    dim = lo.shape[0]
+    t, base = _prepare(queries, metric, lo, scale)
+    nv = versions.shape[0]
+    hit = np.zeros(n, dtype=np.bool_)
+    n_hit = 0
+    scanned = 0
+    m_ptr = np.zeros(n + 1, dtype=np.int64)
+    m_idx = np.empty(q_ptr[n], dtype=np.int32)
+    miss = np.empty(n, dtype=np.int32)
+    n_miss = 0
+    for p in range(n):
+        pid = pids[p]
+        if not resident_whole(table, pid, gens, spans):
+            miss[n_miss] = pid
+            lo_q = m_ptr[n_miss]
+            for j in range(q_ptr[p], q_ptr[p + 1]):
+                m_idx[lo_q + j - q_ptr[p]] = q_idx[j]
+            m_ptr[n_miss + 1] = lo_q + q_ptr[p + 1] - q_ptr[p]
+            n_miss += 1
+            continue
+        hit[p] = True
+        n_hit += 1
+        e0 = table[pid, 0]
+        e1 = e0 + table[pid, 1]
+        scanned += (e1 - e0) * (q_ptr[p + 1] - q_ptr[p])
+        for j in range(q_ptr[p], q_ptr[p + 1]):
+            qi = q_idx[j]
+            hd = cand_d[qi]
+            hv = cand_v[qi]
+            size = cand_n[qi]
+            worst = hd[0] if size == hd.shape[0] else np.float32(np.inf)
+            for e in range(e0, e1):
+                s = _code_distance(metric, t[qi], base[qi], scale, codes_b, e, dim)
+                if s > worst:
+                    continue
+                vid = codes_u[e, 0]
+                if vid >= nv or versions[vid] != codes_u[e, 1] or vid2ext[vid] < 0:
+                    continue
+                v = np.int64(vid)
+                if heap.accepts(hd, hv, size, s, v) and not heap.contains(hv, size, v):
+                    size = heap.push(hd, hv, size, s, v)
+                    if size == hd.shape[0]:
+                        worst = hd[0]
+            cand_n[qi] = size
+    return miss[:n_miss].copy(), m_ptr[:n_miss + 1].copy(), m_idx[:m_ptr[n_miss]].copy(), n_hit, scanned
+
+
+@nb.njit(**_io)
+def rerank(cand_d, cand_v, cand_n, fd, queries, metric, vid2ext, heap_d, heap_i, sizes):
+    """Score every candidate exactly against its float32 vector (row ``vid`` of the vector
+    file ``fd``) with the scan kernels' arithmetic (``distances.to_rows``: the same distance,
+    bit for bit, as a scan of the float32 posting gives) and offer it to the exact heaps; a
+    candidate whose row cannot be read keeps its estimate. Returns the rows read."""
+    dim = queries.shape[1]
+    rows = np.empty((cand_d.shape[1], dim), dtype=np.float32)
+    got = np.zeros(cand_d.shape[1], dtype=np.bool_)
+    dist = np.empty(cand_d.shape[1], dtype=np.float32)
+    nbytes = dim * 4
+    reads = 0
+    for qi in range(cand_n.shape[0]):
+        n = cand_n[qi]
+        if n == 0:
+            continue
+        for c in range(n):
+            got[c] = _pread(fd, rows[c].ctypes.data, nbytes, cand_v[qi, c] * nbytes) == nbytes
+        reads += n
+        to_rows(metric, queries[qi], rows, 0, n, 0, dist)
+        hd = heap_d[qi]
+        hi = heap_i[qi]
+        size = sizes[qi]
+        for c in range(n):
+            ext = vid2ext[cand_v[qi, c]]
+            if ext < 0:
+                continue
+            s = dist[c] if got[c] else cand_d[qi, c]
+            if heap.accepts(hd, hi, size, s, ext) and not heap.contains(hi, size, ext):
+                size = heap.push(hd, hi, size, s, ext)
+        sizes[qi] = size
+    return reads
+
+
+@nb.njit(**_q)
+def newer_rows(recs_u, file_versions):
+    """Rows of ``recs_u`` whose vector the vector file lacks: its vid has no row yet (version
+    0xFF), or an older version (a vid's versions only grow: one that would wrap moves to a
+    new vid). Marks them written in ``file_versions``."""
+    n = recs_u.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    m = 0
+    for e in range(n):
+        vid = recs_u[e, 0]
+        ver = recs_u[e, 1]
+        if vid >= file_versions.shape[0]:
+            continue
+        have = file_versions[vid]
+        if have == 0xFF or ver > have:
+            file_versions[vid] = ver
+            out[m] = e
+            m += 1
+    return out[:m].copy()
+
+
+@nb.njit(**_io)
+def write_vectors(fd, recs_u, recs_f, rows):
+    """pwrite the vectors of records ``rows`` to their vid's row of the vector file; returns
+    how many writes fell short (a full disk)."""
+    dim = recs_f.shape[1] - 2
+    nbytes = dim * 4
+    buf = np.empty(dim, dtype=np.float32)
+    short = 0
+    for e in rows:
+        for d in range(dim):
+            buf[d] = recs_f[e, 2 + d]
+        vid = np.int64(recs_u[e, 0])
+        if _pwrite(fd, buf.ctypes.data, nbytes, vid * nbytes) != nbytes:
+            short += 1
+    return short
