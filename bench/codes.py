@@ -2,13 +2,14 @@
 
     python -m bench.codes --datasets wiki-minilm-15k,glove-100k,synthetic-1m
 
-Per data set: vindex with codes (the default ``rerank``) and without (``rerank=0``, float32
-postings only) over a ``max_postings`` sweep, on the same open index, against hnswlib's ef
+Per data set: vindex without codes (float32 postings only), with codes beside the float32
+postings it keeps, and with codes alone (``resident_bytes=0``; ``VARIANTS``), each over a
+``max_postings`` sweep on the same index, against hnswlib's ef
 sweep and faiss IVFFlat's nprobe sweep; each setting's recall@10 and batch-size-1 p50 over
 ``--queries`` one-query searches (one thread, after a warm pass). The p50 at recall 0.95 is
 the cheapest setting reaching it. Memory: ``stats()["store"]`` (float32 postings kept, codes
 kept, vector file) and the RSS of a fresh process that opened the index and ran the
-queries, vindex with codes and without (``resident_codes_bytes=0``) and each peer. Then the
+queries at the setting reaching 0.95, each variant and each peer. Then the
 upsert rate with codes and without (``--ingest``), alternated. Writes ``<out>/codes.json``.
 """
 from __future__ import annotations
@@ -26,6 +27,11 @@ from . import datasets, measure, report
 from .peers import make_peer
 
 MAX_POSTINGS = (4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+#: (label, runtime config at open, search's rerank): float32 postings only (no codes built);
+#: codes beside the float32 postings kept; codes with no float32 postings kept.
+VARIANTS = (("vindex float32", {"resident_codes_bytes": 0}, 0),
+            ("vindex codes", {}, None),
+            ("vindex codes, no float32 kept", {"resident_bytes": 0}, None))
 TARGET = 0.95
 
 
@@ -55,7 +61,8 @@ def _at_target(rows: list[dict]) -> dict | None:
 def _rss_vindex(path: str, runtime: dict, mp: int, qfile: str, n: int) -> int:
     code = (f"import numpy, vindex\nindex = vindex.Index.open({path!r}, **{runtime!r})\n"
             f"q = numpy.load({qfile!r})[:{n}]\n"
-            f"for row in q:\n    index.search(row, 10, max_postings={mp})\n")
+            f"for row in q:\n    index.search(row, 10, max_postings={mp})\n"
+            f"assert index.wait_idle(timeout=3600)\n")  # a build of the codes the searches began
     return measure.rss_of_subprocess(code)
 
 
@@ -91,26 +98,23 @@ def run_dataset(name: str, args, workdir: str) -> dict:
         vindex.Index.build(path, ds.base, metric=ds.metric, build_threads=args.build_threads, progress=False).close()
         out["vindex_build_s"] = time.perf_counter() - started
     measure.limit_threads(1)
-    t0 = time.perf_counter()
-    index = vindex.Index.open(path, **runtime)
-    out["open_s_codes"] = time.perf_counter() - t0
-    out["codes_build_s"] = index.stats()["store"].get("codes_build_seconds")
-    index.search(queries, 10, max_postings=max(MAX_POSTINGS))  # warm caches and kernels
-
-    def search_codes(q, params):
-        return index.search(q, 10, **params).ids
-
-    def search_plain(q, params):
-        return index.search(q, 10, rerank=0, **params).ids
-
     settings = [{"max_postings": m} for m in MAX_POSTINGS]
-    rows = {"vindex codes": _sweep("vindex codes", settings, search_codes, queries, gt, args.latency_queries),
-            "vindex float32": _sweep("vindex float32", settings, search_plain, queries, gt, args.latency_queries)}
-    out["store_stats"] = {k: v for k, v in index.stats()["store"].items() if k != "io"}
-    index.close()
-    t0 = time.perf_counter()
-    vindex.Index.open(path, resident_codes_bytes=0, **runtime).close()
-    out["open_s_no_codes"] = time.perf_counter() - t0
+    rows: dict[str, list[dict]] = {}
+    out["store_stats"], out["open_s"] = {}, {}
+    for label, extra, rerank in VARIANTS:
+        t0 = time.perf_counter()
+        index = vindex.Index.open(path, **runtime, **extra)
+        out["open_s"][label] = time.perf_counter() - t0
+        index.search(queries, 10, max_postings=max(MAX_POSTINGS))  # warm caches and kernels
+        index.search(queries[0], 10)  # starts the codes' build
+        assert index.wait_idle(timeout=3600)
+
+        def search(q, params, index=index, rerank=rerank):
+            return index.search(q, 10, rerank=rerank, **params).ids
+
+        rows[label] = _sweep(label, settings, search, queries, gt, args.latency_queries)
+        out["store_stats"][label] = {k: v for k, v in index.stats()["store"].items() if k != "io"}
+        index.close()
     peers = {}
     for peer_name in ("hnswlib", "faiss-ivfflat"):
         peer = make_peer(peer_name, build_threads=args.build_threads)
@@ -133,10 +137,9 @@ def run_dataset(name: str, args, workdir: str) -> dict:
     best = {m: _at_target(r) for m, r in rows.items()}
     out["at_0.95"] = best
     rss = {}
-    mp = (best["vindex codes"] or rows["vindex codes"][-1])["params"]["max_postings"]
-    rss["vindex codes"] = _rss_vindex(path, runtime, mp, qfile, args.rss_queries)
-    rss["vindex float32 (resident_codes_bytes=0)"] = _rss_vindex(path, {**runtime, "resident_codes_bytes": 0}, mp,
-                                                                 qfile, args.rss_queries)
+    for label, extra, _ in VARIANTS:
+        mp = (best[label] or rows[label][-1])["params"]["max_postings"]
+        rss[label] = _rss_vindex(path, {**runtime, **extra}, mp, qfile, args.rss_queries)
     for peer_name, (peer, peer_path) in peers.items():
         params = (best[peer_name] or rows[peer_name][-1])["params"]
         rss[peer_name] = _rss_peer(peer, peer_path, params, qfile, args.rss_queries)

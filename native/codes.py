@@ -73,17 +73,49 @@ def _prepare(queries, metric, lo, scale):
     return t, base
 
 
-@nb.njit(**_q)
-def _code_distance(metric, t, base, scale, codes_b, e, dim):
-    s = np.float32(0.0)
-    if metric == L2:
-        for d in range(dim):
-            x = t[d] - np.float32(codes_b[e, HEADER_BYTES + d]) * scale[d]
-            s += x * x
-        return s
-    for d in range(dim):
-        s += t[d] * np.float32(codes_b[e, HEADER_BYTES + d])
-    return base - s
+@nb.njit(inline="always", **_q)
+def _code_rows(metric, t, base, scale, codes_b, e0, e1, out):
+    """``out[e - e0]``: the estimated distance of code record ``e`` for ``e0 <= e < e1``
+    (``t``, ``base``: the query's, from ``_prepare``). Four records share each pass over the
+    dimensions (independent sums keep the FPU busy, as ``distances.to_rows``)."""
+    dim = t.shape[0]
+    last = e1 - 1
+    h = HEADER_BYTES
+    for e in range(e0, e1, 4):
+        e_1 = min(e + 1, last)
+        e_2 = min(e + 2, last)
+        e_3 = min(e + 3, last)
+        s0 = np.float32(0.0)
+        s1 = np.float32(0.0)
+        s2 = np.float32(0.0)
+        s3 = np.float32(0.0)
+        if metric == L2:
+            for d in range(dim):
+                x = t[d]
+                w = scale[d]
+                a = x - np.float32(codes_b[e, h + d]) * w
+                b = x - np.float32(codes_b[e_1, h + d]) * w
+                c = x - np.float32(codes_b[e_2, h + d]) * w
+                f = x - np.float32(codes_b[e_3, h + d]) * w
+                s0 += a * a
+                s1 += b * b
+                s2 += c * c
+                s3 += f * f
+        else:
+            for d in range(dim):
+                x = t[d]
+                s0 -= x * np.float32(codes_b[e, h + d])
+                s1 -= x * np.float32(codes_b[e_1, h + d])
+                s2 -= x * np.float32(codes_b[e_2, h + d])
+                s3 -= x * np.float32(codes_b[e_3, h + d])
+            s0 += base
+            s1 += base
+            s2 += base
+            s3 += base
+        out[e - e0] = s0
+        out[e_1 - e0] = s1
+        out[e_2 - e0] = s2
+        out[e_3 - e0] = s3
 
 
 @nb.njit(**_q)
@@ -95,8 +127,8 @@ def scan_codes(pids, q_ptr, q_idx, table, codes_u, codes_b, gens, spans, version
     distance, vid; sizes ``cand_n``), live records only, each vid once. Returns ``(miss pids,
     q_ptr, q_idx, postings scanned, records scanned)``, the misses grouped as given."""
     n = pids.shape[0]
-    dim = lo.shape[0]
     t, base = _prepare(queries, metric, lo, scale)
+    dist = np.empty(256, dtype=np.float32)
     nv = versions.shape[0]
     hit = np.zeros(n, dtype=np.bool_)
     n_hit = 0
@@ -120,14 +152,17 @@ def scan_codes(pids, q_ptr, q_idx, table, codes_u, codes_b, gens, spans, version
         e0 = table[pid, 0]
         e1 = e0 + table[pid, 1]
         scanned += (e1 - e0) * (q_ptr[p + 1] - q_ptr[p])
+        if dist.shape[0] < e1 - e0:
+            dist = np.empty(2 * (e1 - e0), dtype=np.float32)
         for j in range(q_ptr[p], q_ptr[p + 1]):
             qi = q_idx[j]
             hd = cand_d[qi]
             hv = cand_v[qi]
             size = cand_n[qi]
             worst = hd[0] if size == hd.shape[0] else np.float32(np.inf)
+            _code_rows(metric, t[qi], base[qi], scale, codes_b, e0, e1, dist)
             for e in range(e0, e1):
-                s = _code_distance(metric, t[qi], base[qi], scale, codes_b, e, dim)
+                s = dist[e - e0]
                 if s > worst:
                     continue
                 vid = codes_u[e, 0]
