@@ -154,21 +154,23 @@ def run_dataset(name: str, args, workdir: str) -> dict:
 
 
 def run_ingest(args, workdir: str) -> dict:
-    """Upsert rows/s into a 50k glove-100k index, with codes and without, alternated."""
+    """Upsert rows/s (batches of 1,000, rebalancing off) into a glove-100k index of
+    ``--ingest-rows`` built rows, as many again, with codes and without, alternated."""
     import vindex
 
     ds = datasets.load("glove-100k")
-    x = ds.base[:100_000]
+    n = args.ingest_rows
+    x = ds.base[:2 * n]
     rates: dict[str, list[float]] = {"codes": [], "no codes": []}
     for rep in range(args.ingest_repeats):
         for label, codes_bytes in (("codes", -1), ("no codes", 0))[:: 1 if rep % 2 == 0 else -1]:
             path = os.path.join(workdir, f"ingest-{rep}-{codes_bytes}")
-            index = vindex.Index.build(path, x[:50_000], metric=ds.metric, resident_codes_bytes=codes_bytes,
-                                       rebalance="off", progress=False)
+            index = vindex.Index.build(path, x[:n], metric=ds.metric, resident_codes_bytes=codes_bytes,
+                                       rebalance=False, progress=False)
             t0 = time.perf_counter()
-            for lo in range(50_000, 100_000, 1000):
+            for lo in range(n, 2 * n, 1000):
                 index.upsert(np.arange(lo, lo + 1000), x[lo:lo + 1000])
-            rates[label].append(50_000 / (time.perf_counter() - t0))
+            rates[label].append(n / (time.perf_counter() - t0))
             index.close()
             shutil.rmtree(path, ignore_errors=True)
             print(f"  ingest {label}: {rates[label][-1]:.0f} rows/s", file=sys.stderr, flush=True)
@@ -188,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="NAME=PATH: copy a built vindex index for NAME instead of building one")
     ap.add_argument("--ingest", action="store_true")
     ap.add_argument("--ingest-repeats", type=int, default=3)
+    ap.add_argument("--ingest-rows", type=int, default=50_000)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args(argv)
     args.index_dir = dict(item.split("=", 1) for item in args.index_dir)
