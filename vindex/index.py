@@ -150,7 +150,7 @@ class Index:
             manifest = layout.Manifest(dim, metric, cfg)
             store = open_store(cfg.store, layout.store_path(path), record_size=record_bytes(dim),
                                cache_bytes=cfg.cache_bytes, resident_bytes=cfg.resident_budget(),
-                           codes_bytes=cfg.codes_budget(), create=True,
+                               codes_bytes=cfg.codes_budget(), create=True,
                                io_scheduler=cfg.io_scheduler,
                                targets=IOTargets.of(cfg))
             idmap = IdMap(capacity=max(16, x.shape[0]))
