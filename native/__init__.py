@@ -118,9 +118,10 @@ def warmup() -> None:
     grouped = (np.array([1], np.int32), one_ptr, one_idx)
     for metric in (distances.L2, distances.IP):
         cand_d, cand_v, cand_n = np.empty((2, 3), np.float32), np.empty((2, 3), np.int64), np.zeros(2, np.int32)
-        codes.scan_codes(*grouped, table, code_u, code_u.view(np.uint8), gens, spans, versions, vid2ext, q, metric, lo,
-                         scale, cand_d, cand_v, cand_n)
-        codes.rerank(cand_d, cand_v, cand_n, -1, q, metric, vid2ext, hd, hi, sizes)
+        for scan_codes, rerank in ((codes.scan_codes, codes.rerank), (codes.scan_codes_held, codes.rerank_held)):
+            scan_codes(*grouped, table, code_u, code_u.view(np.uint8), gens, spans, versions, vid2ext, q, metric, lo,
+                       scale, cand_d, cand_v, cand_n)
+            rerank(cand_d, cand_v, cand_n, -1, q, metric, vid2ext, hd, hi, sizes)
     read_only = np.frombuffer(recs.tobytes(), dtype=np.float32).reshape(-1, d + 2)  # a commit's bytes
     for rows_f in (recs_f, read_only):
         rows_u = rows_f.view(np.uint32)

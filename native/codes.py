@@ -247,3 +247,20 @@ def write_vectors(fd, recs_u, recs_f, rows):
         if _pwrite(fd, buf.ctypes.data, nbytes, vid * nbytes) != nbytes:
             short += 1
     return short
+
+
+# Entry points that keep the GIL, for searches of a few queries (see ``native.held``: each
+# release costs a search a hand-off beside a thread running Python): a search served by
+# its kept postings and its codes then releases the GIL not once.
+@nb.njit(cache=True)
+def scan_codes_held(pids, q_ptr, q_idx, table, codes_u, codes_b, gens, spans, versions, vid2ext, queries, metric, lo,
+                    scale, cand_d, cand_v, cand_n):
+    """:func:`scan_codes`, GIL held."""
+    return scan_codes(pids, q_ptr, q_idx, table, codes_u, codes_b, gens, spans, versions, vid2ext, queries, metric,
+                      lo, scale, cand_d, cand_v, cand_n)
+
+
+@nb.njit
+def rerank_held(cand_d, cand_v, cand_n, fd, queries, metric, vid2ext, heap_d, heap_i, sizes):
+    """:func:`rerank`, GIL held (not cached either)."""
+    return rerank(cand_d, cand_v, cand_n, fd, queries, metric, vid2ext, heap_d, heap_i, sizes)

@@ -503,15 +503,15 @@ class RocksStore:
         cand_n = np.zeros(nq, dtype=np.int32)
         table, token = ring.pin_all()
         try:
-            miss, m_ptr, m_idx, hits, coded = native.codes.scan_codes(
+            miss, m_ptr, m_idx, hits, coded = native.codes.scan_codes_held(
                 pids, q_ptr, q_idx, table, ring.rows, codes.ring_b, self._gens.array(), self._spans.array(), versions,
                 vid2ext, queries, metric, codes.lo, codes.scale, cand_d, cand_v, cand_n)
         finally:
             ring.release(token)
         if version != self._dir_version:
             return grouped
-        codes.rerank_reads += native.codes.rerank(cand_d, cand_v, cand_n, codes.vectors.fd, queries, metric, vid2ext,
-                                                  heap_d, heap_i, sizes)
+        codes.rerank_reads += native.codes.rerank_held(cand_d, cand_v, cand_n, codes.vectors.fd, queries, metric,
+                                                       vid2ext, heap_d, heap_i, sizes)
         if hits:
             self._io.admit(tenant, hits)
             self.reads += hits
