@@ -14,14 +14,20 @@ import threading
 from typing import Any
 
 import numpy as np
+import ray
 
 from vindex import Index
 from vindex.errors import VindexError
 
+from .priority import WritePriority
 from .writelog import WriteLog
 
-#: Threads of a replica actor: searches run beside each other and beside the shard's one write.
+#: Threads of a replica actor's default concurrency group: searches and other reads run
+#: beside each other, never queued behind a write.
 ACTOR_CONCURRENCY = 16
+#: Writes (and catch-up) run on a concurrency group of their own, one thread: they are applied
+#: one at a time anyway, and that thread's CPU priority is set per write (:mod:`.priority`).
+CONCURRENCY_GROUPS = {"writes": 1}
 
 
 class NotServingError(RuntimeError):
@@ -82,6 +88,7 @@ class ShardReplica:
             self.index = Index.create(index_dir, dim=dim, metric=metric, id_type=id_type, **config)
         self.log = WriteLog(os.path.join(path, "writes.log"), fsync=config.get("durability") == "fsync")
         self._lock = threading.Lock()  # writes, catch-up and trims, one at a time
+        self._priority = WritePriority()
         self._serving = False
         last = self.log.last()
         if last is not None:  # the process may have stopped between logging it and applying it
@@ -96,8 +103,10 @@ class ShardReplica:
             raise
 
     # --- writes -------------------------------------------------------------------------------
+    @ray.method(concurrency_group="writes")
     def apply(self, seq: int, write: tuple[str, dict]) -> Any:
         """Apply the shard's write number ``seq``; None if it was applied before."""
+        self._priority.before_write()
         with self._lock:
             if not self._serving:
                 raise NotServingError("replica is recovering")
@@ -108,6 +117,7 @@ class ShardReplica:
             self.log.append(seq, write)
             return self._apply(write, replay=False)
 
+    @ray.method(concurrency_group="writes")
     def catch_up(self, records: list[tuple[int, tuple[str, dict]]]) -> int:
         """Apply a peer's log records this replica lacks; returns its sequence number after."""
         with self._lock:
@@ -144,6 +154,7 @@ class ShardReplica:
 
     def search(self, queries: np.ndarray, k: int, params: dict) -> tuple:
         self._check_serving()
+        self._priority.searched()
         res = self.index.search(queries, k, **params)
         return res.ids, res.distances, res.stats, res.included
 
