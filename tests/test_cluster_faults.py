@@ -85,3 +85,46 @@ def test_searches_answer_while_a_replica_is_down_and_it_catches_up(ray_local, tm
         vectors, found, _ = result(victim.get.remote(np.arange(2000), ()))
         assert found.all()
         np.testing.assert_array_equal(vectors, x)
+
+
+def test_a_replica_that_lost_its_disk_copies_a_peer_while_writes_go_on(ray_local, tmp_path):
+    import shutil
+
+    from vindex.cluster.manifest import replica_dir
+    from vindex.cluster.shard import TRIM_EVERY
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(20_000, DIM)).astype(np.float32)
+    path = tmp_path / "c"
+    with ShardedIndex.create("d", DIM, shards=1, replicas=2, path=path, actor_cpus=CPUS) as index:
+        shard = index._shards[0]
+        rows = 0
+        while shard.seq <= TRIM_EVERY:  # past a trim: the peer's log no longer reaches write 1
+            index.upsert(np.arange(rows, rows + 10), x[rows:rows + 10])
+            rows += 10
+        victim = shard.actors[0]
+        shutil.rmtree(replica_dir(str(path), 0, 0))  # its disk is lost...
+        _kill(victim)  # ...and Ray restarts it on an empty directory
+        stop = threading.Event()
+        acked = [rows]
+
+        def writer() -> None:
+            while not stop.is_set() and acked[0] < x.shape[0]:
+                lo = acked[0]
+                index.upsert(np.arange(lo, lo + 10), x[lo:lo + 10])
+                acked[0] = lo + 10
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        try:
+            _until_in_sync(shard)
+        finally:
+            stop.set()
+            thread.join()
+        assert shard.snapshots >= 1  # a copy of the peer's index, not an empty restart
+        assert shard.writes_during_catch_up >= 1  # the shard took writes while it copied
+        state = result(victim.state.remote())
+        assert state["serving"] and state["seq"] == shard.seq
+        vectors, found, _ = result(victim.get.remote(np.arange(acked[0]), ()))
+        assert found.all()
+        np.testing.assert_array_equal(vectors, x[:acked[0]])
