@@ -229,6 +229,11 @@ class ShardReplica:
     def checkpoint(self) -> None:
         self.index.checkpoint()
 
+    def set_tenant_quotas(self, quotas: dict[str, tuple[float | None, float | None]]) -> None:
+        """``tenant -> (postings_per_s, burst)`` as :meth:`vindex.Index.set_tenant_quota`."""
+        for tenant, (rate, burst) in quotas.items():
+            self.index.set_tenant_quota(tenant, rate, burst)
+
     def close(self) -> None:
         self.index.close()
         self.log.close()

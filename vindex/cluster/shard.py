@@ -65,6 +65,9 @@ class Shard:
         self.snapshots = 0  # of them, those that copied a peer's index
         self._catching_up = 0  # catch-ups running beside the writes
         self.writes_during_catch_up = 0  # writes acknowledged meanwhile
+        #: Tenant I/O quotas (``tenant -> (postings_per_s, burst)``) a replica is given before it
+        #: serves: a restarted one has lost them (they are not stored with an index).
+        self.quotas: dict[str, tuple[float | None, float | None]] = {}
 
     # --- repair -------------------------------------------------------------------------------
     @property
@@ -92,11 +95,12 @@ class Shard:
         """Bring every reachable replica up to the newest write any of them has and let it
         serve; True if the whole shard is in sync."""
         stale = self.stale
-        states = self._probe(stale, timeout)
-        if not states and stale and any(self.in_sync):
+        states = self._probe(list(range(len(self.actors))), timeout)
+        if stale and not set(stale) & set(states) and any(self.in_sync):
             return False  # the stale ones still down: do not hold up writes
         for r, st in states.items():
-            self._catch_up_beside_writes(r, st["seq"])
+            if not (self.in_sync[r] and st["serving"]):  # (a restart not noticed yet is not serving)
+                self._catch_up_beside_writes(r, st["seq"])
         with self.lock:
             return self._repair_locked(timeout)
 
@@ -151,6 +155,8 @@ class Shard:
             try:
                 if st["seq"] < target:
                     self._copy(source, r, st["seq"])
+                if not st["serving"] and self.quotas:  # (re)started: it lost them
+                    result(self.actors[r].set_tenant_quotas.remote(dict(self.quotas)))
                 if not result(self.actors[r].serve.remote(target)):
                     continue
             except REPLICA_DOWN:

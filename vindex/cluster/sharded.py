@@ -425,6 +425,19 @@ class ShardedIndex:
                 return
 
     # --- maintenance --------------------------------------------------------------------------
+    def set_tenant_quota(self, tenant: str, postings_per_s: float | None, burst: float | None = None) -> None:
+        """As :meth:`vindex.Index.set_tenant_quota`, on every replica: the quota holds per
+        shard (a tenant's search reads postings of every shard, each shard's against its own
+        bucket). Replicas that restart get it again before they serve; not stored."""
+        self._check_open()
+        tenant, quota = str(tenant), (postings_per_s, burst)
+        for shard in self._shards:  # bad values fail on the first replica, the same everywhere
+            shard.broadcast("set_tenant_quotas", {tenant: quota})
+            if postings_per_s is None:
+                shard.quotas.pop(tenant, None)
+            else:
+                shard.quotas[tenant] = quota
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every replica's background rebalancing is idle; False if ``timeout``
         seconds pass first."""
@@ -444,6 +457,7 @@ class ShardedIndex:
         for shard in self._shards:
             replicas = shard.broadcast("stats")
             per_shard.append({"seq": shard.seq, "in_sync": list(shard.in_sync), "restored": shard.restored,
+                              "snapshots": shard.snapshots, "writes_during_catch_up": shard.writes_during_catch_up,
                               "replicas": replicas})
         first = [p["replicas"][0] for p in per_shard if p["replicas"]]
         out: dict[str, Any] = {"dim": self.dim, "metric": self.metric, "name": self.name,
