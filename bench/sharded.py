@@ -161,6 +161,8 @@ def kills_during_ingest(ShardedIndex, x: np.ndarray, shards: int, kills: int, ba
         lost = int((~got.found).sum()) + int((got.vectors[got.found] != x[ids][got.found]).any(axis=1).sum())
         return {"rows": int(x.shape[0]), "kills": done[0], "acknowledged": int(ids.shape[0]), "lost": lost,
                 "replicas_restored": sum(s.restored for s in index._shards),
+                "snapshot_copies": sum(s.snapshots for s in index._shards),
+                "writes_during_catch_up": sum(s.writes_during_catch_up for s in index._shards),
                 "seconds": time.perf_counter() - t0}
     finally:
         index.close()
