@@ -13,12 +13,12 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from .replica import ACTOR_CONCURRENCY, ShardReplica
+from .replica import ACTOR_CONCURRENCY, CONCURRENCY_GROUPS, ShardReplica
 
 #: Seconds to wait for a placement group's resources before giving up.
 PLACEMENT_TIMEOUT_S = 60.0
 
-_Actor = ray.remote(ShardReplica)
+_Actor = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(ShardReplica)
 
 
 def connect(address: str | None) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from .replica import BehindError, NotServingError
+from .errors import BehindError, NotServingError
 
 #: What says "this replica cannot answer now": dead or restarting, recovering, or missed writes.
 REPLICA_DOWN = (RayActorError, NotServingError, BehindError, GetTimeoutError)

@@ -11,32 +11,27 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import uuid
 from typing import Any
 
 import numpy as np
+import ray
 
 from vindex import Index
 from vindex.errors import VindexError
 
+from . import snapshot
+from .errors import BehindError, NotServingError
+from .priority import WritePriority
+from .remote import result
 from .writelog import WriteLog
 
-#: Threads of a replica actor: searches run beside each other and beside the shard's one write.
+#: Threads of a replica actor's default concurrency group: searches and other reads run
+#: beside each other, never queued behind a write.
 ACTOR_CONCURRENCY = 16
-
-
-class NotServingError(RuntimeError):
-    """The replica has (re)started and is not yet known to be up to date."""
-
-
-class BehindError(RuntimeError):
-    """The replica missed writes: it has applied up to ``seq``."""
-
-    def __init__(self, seq: int):
-        super().__init__(f"replica has writes up to {seq} only")
-        self.seq = seq
-
-    def __reduce__(self):
-        return (BehindError, (self.seq,))
+#: Writes (and catch-up) run on a concurrency group of their own, one thread: they are applied
+#: one at a time anyway, and that thread's CPU priority is set per write (:mod:`.priority`).
+CONCURRENCY_GROUPS = {"writes": 1}
 
 
 def _serve_at_normal_priority() -> None:
@@ -74,14 +69,18 @@ class ShardReplica:
     def __init__(self, path: str, dim: int, metric: str, id_type: str | None, config: dict):
         _serve_at_normal_priority()
         os.makedirs(path, exist_ok=True)
+        self.path = path
         index_dir = os.path.join(path, "index")
+        shutil.rmtree(index_dir + ".incoming", ignore_errors=True)  # a snapshot copy cut short
         if os.path.exists(os.path.join(index_dir, "vindex.json")):
             self.index = Index.open(index_dir)
-        else:  # new, or a creation that did not finish
+        else:  # new, lost, or a creation that did not finish
             shutil.rmtree(index_dir, ignore_errors=True)
             self.index = Index.create(index_dir, dim=dim, metric=metric, id_type=id_type, **config)
-        self.log = WriteLog(os.path.join(path, "writes.log"), fsync=config.get("durability") == "fsync")
+        self._fsync = config.get("durability") == "fsync"
+        self.log = WriteLog(self._log_path, fsync=self._fsync)
         self._lock = threading.Lock()  # writes, catch-up and trims, one at a time
+        self._priority = WritePriority()
         self._serving = False
         last = self.log.last()
         if last is not None:  # the process may have stopped between logging it and applying it
@@ -96,8 +95,10 @@ class ShardReplica:
             raise
 
     # --- writes -------------------------------------------------------------------------------
+    @ray.method(concurrency_group="writes")
     def apply(self, seq: int, write: tuple[str, dict]) -> Any:
         """Apply the shard's write number ``seq``; None if it was applied before."""
+        self._priority.before_write()
         with self._lock:
             if not self._serving:
                 raise NotServingError("replica is recovering")
@@ -108,6 +109,7 @@ class ShardReplica:
             self.log.append(seq, write)
             return self._apply(write, replay=False)
 
+    @ray.method(concurrency_group="writes")
     def catch_up(self, records: list[tuple[int, tuple[str, dict]]]) -> int:
         """Apply a peer's log records this replica lacks; returns its sequence number after."""
         with self._lock:
@@ -120,8 +122,60 @@ class ShardReplica:
                 self._apply(write, replay=True)
             return self.log.last_seq
 
-    def log_since(self, seq: int) -> list[tuple[int, tuple[str, dict]]]:
-        return self.log.since(seq)
+    def log_since(self, seq: int, limit: int | None = None) -> list[tuple[int, tuple[str, dict]]]:
+        return self.log.since(seq, limit)
+
+    @property
+    def _log_path(self) -> str:
+        return os.path.join(self.path, "writes.log")
+
+    # --- snapshot copies ----------------------------------------------------------------------
+    def snapshot_begin(self) -> tuple[str, int, Any, list[tuple[str, int]]]:
+        """Copy this replica's index for a peer: ``(snapshot id, the write number it holds,
+        that write's log record, its files)``. Writes to this replica wait meanwhile (ms)."""
+        sid = f"snapshot-{uuid.uuid4().hex}"
+        root = os.path.join(self.path, sid)
+        with self._lock:
+            snapshot.take(self.index, root)
+            last = self.log.last()
+        if last is None:
+            return sid, 0, None, snapshot.files(root)
+        return sid, last[0], last[1], snapshot.files(root)
+
+    def snapshot_piece(self, sid: str, rel: str, offset: int) -> bytes:
+        return snapshot.read_piece(os.path.join(self.path, sid), rel, offset)
+
+    def snapshot_end(self, sid: str) -> None:
+        shutil.rmtree(os.path.join(self.path, sid), ignore_errors=True)
+
+    @ray.method(concurrency_group="writes")
+    def restore_from(self, source: Any) -> int:
+        """Replace this replica's index with a copy of ``source``'s (a peer actor) and its log
+        with the copy's write number; returns that number. The replica stops serving."""
+        with self._lock:
+            self._serving = False  # the coordinator counts it stale already
+        sid, seq, last, listing = result(source.snapshot_begin.remote())
+        incoming = os.path.join(self.path, "index.incoming")
+        try:
+            shutil.rmtree(incoming, ignore_errors=True)
+            snapshot.fetch(listing, lambda rel, offset: result(source.snapshot_piece.remote(sid, rel, offset)),
+                           incoming)
+        finally:
+            source.snapshot_end.remote(sid)
+        with self._lock:
+            index_dir = self.index.path
+            self.index.close()
+            self.log.close()
+            # the log goes first: a crash from here on restarts at write 0, and the next
+            # repair copies a snapshot again
+            os.remove(self._log_path)
+            shutil.rmtree(index_dir)
+            os.replace(incoming, index_dir)
+            self.index = Index.open(index_dir)
+            self.log = WriteLog(self._log_path, fsync=self._fsync)
+            if last is not None:
+                self.log.append(seq, last)  # the copy has it applied; a restart re-applies it
+            return self.log.last_seq
 
     def trim(self, keep_after: int) -> int:
         with self._lock:
@@ -144,6 +198,7 @@ class ShardReplica:
 
     def search(self, queries: np.ndarray, k: int, params: dict) -> tuple:
         self._check_serving()
+        self._priority.searched()
         res = self.index.search(queries, k, **params)
         return res.ids, res.distances, res.stats, res.included
 
@@ -173,6 +228,11 @@ class ShardReplica:
 
     def checkpoint(self) -> None:
         self.index.checkpoint()
+
+    def set_tenant_quotas(self, quotas: dict[str, tuple[float | None, float | None]]) -> None:
+        """``tenant -> (postings_per_s, burst)`` as :meth:`vindex.Index.set_tenant_quota`."""
+        for tenant, (rate, burst) in quotas.items():
+            self.index.set_tenant_quota(tenant, rate, burst)
 
     def close(self) -> None:
         self.index.close()

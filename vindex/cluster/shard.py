@@ -3,9 +3,13 @@
 Writes to a shard are serialised here and numbered 1, 2, 3...; each goes to every replica
 that is in sync, in parallel, and is acknowledged once all of them have it in their write log
 and index. A replica that fails a call (dead, restarting, recovering) leaves the in-sync set;
-:meth:`Shard.repair` brings it back: it copies the writes it lacks from the log of a replica
-that has the newest one, then lets it serve. A write that reached no replica is retried with
-its number (a replica ignores a number it already has) until one comes back.
+:meth:`Shard.repair` brings it back. While the shard goes on taking writes on its in-sync
+replicas, the stale one copies what it lacks from one of them: the log records after its own
+last write, or, when that log no longer reaches back (trimmed, or the replica lost its disk),
+a snapshot of the peer's index plus the records after it. Once it is at most
+``TAIL_WRITES`` behind, writes are held for the last few records and it starts serving. A
+write that reached no replica is retried with its number (a replica ignores a number it
+already has) until one comes back.
 
 Reads go to the in-sync replica with the fewest calls outstanding.
 """
@@ -20,6 +24,7 @@ from typing import Any, Callable
 from vindex.errors import VindexError
 
 from .remote import REPLICA_DOWN, result
+from .writelog import LogTrimmedError
 
 log = logging.getLogger("vindex.cluster")
 
@@ -27,6 +32,16 @@ log = logging.getLogger("vindex.cluster")
 PROBE_TIMEOUT_S = 2.0
 #: Trim the replicas' write logs once per this many writes.
 TRIM_EVERY = 256
+#: Writes the logs keep for a replica that is down; one further behind copies a snapshot.
+LOG_KEEP_WRITES = 4096
+#: A catch-up beside the shard's writes ends this close to the newest write; the rest is
+#: copied with the shard's writes held.
+TAIL_WRITES = 32
+#: Log records a catch-up copies per call (each holds a write's vectors).
+COPY_RECORDS = 32
+#: Rounds of catch-up beside the writes before the rest is copied with them held (a replica
+#: that cannot keep up with the ingest would chase it for ever).
+CATCH_UP_ROUNDS = 8
 
 
 class ShardUnavailableError(VindexError, RuntimeError):
@@ -47,6 +62,12 @@ class Shard:
         self._load_lock = threading.Lock()
         self._turn = itertools.count()
         self.restored = 0  # replicas brought back by repair
+        self.snapshots = 0  # of them, those that copied a peer's index
+        self._catching_up = 0  # catch-ups running beside the writes
+        self.writes_during_catch_up = 0  # writes acknowledged meanwhile
+        #: Tenant I/O quotas (``tenant -> (postings_per_s, burst)``) a replica is given before it
+        #: serves: a restarted one has lost them (they are not stored with an index).
+        self.quotas: dict[str, tuple[float | None, float | None]] = {}
 
     # --- repair -------------------------------------------------------------------------------
     @property
@@ -73,10 +94,54 @@ class Shard:
     def repair(self, timeout: float = PROBE_TIMEOUT_S) -> bool:
         """Bring every reachable replica up to the newest write any of them has and let it
         serve; True if the whole shard is in sync."""
-        if not self._probe(self.stale, timeout) and self.stale and any(self.in_sync):
+        stale = self.stale
+        states = self._probe(list(range(len(self.actors))), timeout)
+        if stale and not set(stale) & set(states) and any(self.in_sync):
             return False  # the stale ones still down: do not hold up writes
+        for r, st in states.items():
+            if not (self.in_sync[r] and st["serving"]):  # (a restart not noticed yet is not serving)
+                self._catch_up_beside_writes(r, st["seq"])
         with self.lock:
             return self._repair_locked(timeout)
+
+    def _catch_up_beside_writes(self, r: int, seq: int) -> None:
+        """Bring stale replica ``r`` (at write ``seq``) near the newest write from an in-sync
+        peer, without the write lock: the shard goes on taking writes meanwhile."""
+        for _ in range(CATCH_UP_ROUNDS):
+            sources = [p for p, ok in enumerate(self.in_sync) if ok and p != r]
+            if not sources or self.seq - seq <= TAIL_WRITES:
+                return
+            with self._load_lock:
+                self._catching_up += 1
+            try:
+                seq = self._copy(sources[0], r, seq)
+            except REPLICA_DOWN:
+                return
+            finally:
+                with self._load_lock:
+                    self._catching_up -= 1
+
+    def _copy(self, source: int, r: int, seq: int) -> int:
+        """Copy to replica ``r`` what it lacks after write ``seq`` from replica ``source``:
+        its log records, ``COPY_RECORDS`` a call, after a snapshot of its index if its log no
+        longer reaches back. Returns ``r``'s newest write after."""
+        copied = False
+        while True:
+            try:
+                records = result(self.actors[source].log_since.remote(seq, COPY_RECORDS))
+            except LogTrimmedError:
+                if copied:
+                    raise  # trimmed again past the copy: the next repair starts over
+                seq = result(self.actors[r].restore_from.remote(self.actors[source]))
+                copied = True
+                self.snapshots += 1
+                log.info("shard %d replica %d copied replica %d's index at write %d", self.number, r, source, seq)
+                continue
+            if records:
+                seq = result(self.actors[r].catch_up.remote(records))
+            self.known[r] = max(self.known[r], seq)
+            if len(records) < COPY_RECORDS:
+                return seq
 
     def _repair_locked(self, timeout: float) -> bool:
         states = self._probe(list(range(len(self.actors))), timeout)
@@ -89,8 +154,9 @@ class Shard:
         for r, st in states.items():
             try:
                 if st["seq"] < target:
-                    records = result(self.actors[source].log_since.remote(st["seq"]))
-                    result(self.actors[r].catch_up.remote(records))
+                    self._copy(source, r, st["seq"])
+                if not st["serving"] and self.quotas:  # (re)started: it lost them
+                    result(self.actors[r].set_tenant_quotas.remote(dict(self.quotas)))
                 if not result(self.actors[r].serve.remote(target)):
                     continue
             except REPLICA_DOWN:
@@ -145,6 +211,8 @@ class Shard:
                 self.seq = self.acked = seq
                 for r in done:
                     self.known[r] = seq
+                if self._catching_up:
+                    self.writes_during_catch_up += 1
                 if seq % TRIM_EVERY == 0:
                     self._trim()
                 if error is not None:
@@ -153,7 +221,10 @@ class Shard:
             # it reached no replica that answered: once one is back, retried as the same number
 
     def _trim(self) -> None:
-        keep_after = min(self.known)
+        """Drop the log records every in-sync replica has, keeping ``LOG_KEEP_WRITES`` for
+        replicas that are down (beyond that they copy a snapshot when back)."""
+        in_sync = [k for k, ok in zip(self.known, self.in_sync) if ok]
+        keep_after = min(min(in_sync, default=0), max(min(self.known), self.seq - LOG_KEEP_WRITES))
         refs = [a.trim.remote(keep_after) for a, ok in zip(self.actors, self.in_sync) if ok]
         for ref in refs:
             try:

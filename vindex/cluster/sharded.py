@@ -26,6 +26,7 @@ from vindex.strids import StrIds
 
 from . import manifest as layout, placement, routing
 from .merge import merge
+from .pacing import WritePacing
 from .shard import Shard
 
 #: Seconds a call waits for some replica of a shard to answer (restarting actors) before failing.
@@ -83,6 +84,7 @@ class ShardedIndex:
         self._path, self._manifest, self._shards, self._groups = path, manifest, shards, groups
         self._repairs = repairs
         self._config = IndexConfig.from_kwargs(dict(manifest.config))
+        self._pacing = WritePacing(self._config)
         self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="vindex-shard")
         self._kind_lock = threading.Lock()
         self._closed = False
@@ -240,7 +242,8 @@ class ShardedIndex:
         payloads.check_include(include)
         params = {"filter": filter, "include": include, "max_postings": max_postings, "eps": eps, "ef": ef,
                   "timeout": timeout, "tenant": tenant, "interactive": interactive}
-        return merge(self._each_shard("search", q, k, params), k)
+        with self._pacing.search(q.shape[0], interactive):
+            return merge(self._each_shard("search", q, k, params), k)
 
     def check_queries(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
                       eps: float | None = None, ef: int | None = None) -> None:
@@ -273,6 +276,10 @@ class ShardedIndex:
         self._write("add", ids, vectors, metadata, documents)
 
     def _write(self, kind: str, ids: Any, vectors: Any, metadata: Any, documents: Any) -> None:
+        with self._pacing.write():
+            self._write_paced(kind, ids, vectors, metadata, documents)
+
+    def _write_paced(self, kind: str, ids: Any, vectors: Any, metadata: Any, documents: Any) -> None:
         resolved = self._resolve(ids, writing=True)
         x = self._queries(vectors, "vectors")
         validation.same_length(resolved.exts, x)
@@ -418,6 +425,19 @@ class ShardedIndex:
                 return
 
     # --- maintenance --------------------------------------------------------------------------
+    def set_tenant_quota(self, tenant: str, postings_per_s: float | None, burst: float | None = None) -> None:
+        """As :meth:`vindex.Index.set_tenant_quota`, on every replica: the quota holds per
+        shard (a tenant's search reads postings of every shard, each shard's against its own
+        bucket). Replicas that restart get it again before they serve; not stored."""
+        self._check_open()
+        tenant, quota = str(tenant), (postings_per_s, burst)
+        for shard in self._shards:  # bad values fail on the first replica, the same everywhere
+            shard.broadcast("set_tenant_quotas", {tenant: quota})
+            if postings_per_s is None:
+                shard.quotas.pop(tenant, None)
+            else:
+                shard.quotas[tenant] = quota
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every replica's background rebalancing is idle; False if ``timeout``
         seconds pass first."""
@@ -437,6 +457,7 @@ class ShardedIndex:
         for shard in self._shards:
             replicas = shard.broadcast("stats")
             per_shard.append({"seq": shard.seq, "in_sync": list(shard.in_sync), "restored": shard.restored,
+                              "snapshots": shard.snapshots, "writes_during_catch_up": shard.writes_during_catch_up,
                               "replicas": replicas})
         first = [p["replicas"][0] for p in per_shard if p["replicas"]]
         out: dict[str, Any] = {"dim": self.dim, "metric": self.metric, "name": self.name,

@@ -67,12 +67,12 @@ class WriteLog:
                 os.fsync(self._file.fileno())
             self._offsets.append((seq, pos))
 
-    def since(self, seq: int) -> list[tuple[int, Any]]:
-        """Every record after ``seq``, oldest first."""
+    def since(self, seq: int, limit: int | None = None) -> list[tuple[int, Any]]:
+        """The records after ``seq`` (the first ``limit`` of them), oldest first."""
         with self._lock:
             if seq < self.last_seq and (not self._offsets or self.first_seq > seq + 1):
                 raise LogTrimmedError(f"{self.path}: records {seq + 1}..{self.first_seq - 1} were trimmed")
-            wanted = [(s, pos) for s, pos in self._offsets if s > seq]
+            wanted = [(s, pos) for s, pos in self._offsets if s > seq][:limit]
             out = []
             with open(self.path, "rb") as f:
                 for s, pos in wanted:
