@@ -18,30 +18,52 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
-from .config import IndexConfig
+from vindex import native
+
+from .config import SMALL_SEARCH_QUERIES, IndexConfig
 from .filters import Filter
 from .heads import HeadGraph
 from .idmap import DELETED
 from .state import State
+from .storage import IOClass, PostingStore, records
+
+
+#: Rows of gathered records each query scores in turn (about 100 KB at 96 dimensions).
+GATHER_PIECE = 256
 
 
 @dataclass(frozen=True)
 class FilterPlan:
-    """The records a filter lets through, as the state was when planned."""
+    """The records a filter lets through, as the state was when planned (``applied``)."""
 
     allowed: np.ndarray   # bool per vid: live and matching
     matches: int          # how many
     live: int             # live records then (the selectivity's denominator)
     heads: np.ndarray     # bool per head: its posting is the home of a match
+    applied: int = -1     # ``State.applied`` when planned
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @cached_property
     def n_heads(self) -> int:
         return int(np.count_nonzero(self.heads))
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the plan holds (its masked version map and gathered vectors once made)."""
+        made = self.__dict__
+        gathered = made.get("_gathered")
+        return (self.allowed.nbytes + self.heads.nbytes + getattr(made.get("_masked"), "nbytes", 0)
+                + (gathered.rows.nbytes + gathered.ids.nbytes if gathered is not None else 0))
+
+    @cached_property
+    def head_ids(self) -> np.ndarray:
+        """The heads of ``heads``, ascending (int32)."""
+        return np.flatnonzero(self.heads).astype(np.int32)
 
     @cached_property
     def _keep(self) -> tuple[np.ndarray, np.ndarray]:
@@ -50,9 +72,19 @@ class FilterPlan:
         keep = self.allowed.view(np.uint8) * np.uint8(0xFF)
         return keep, ~keep & DELETED
 
-    def versions_for(self, versions: np.ndarray) -> np.ndarray:
+    def versions_for(self, versions: np.ndarray, applied: int = -2) -> np.ndarray:
         """``versions`` (the live version map, any length) with every record outside the
-        plan marked deleted: records written since the plan was made are outside it."""
+        plan marked deleted: records written since the plan was made are outside it. With
+        ``applied`` the plan's own (no record applied since), the map is made once per plan."""
+        if applied == self.applied:
+            with self._lock:
+                masked = self.__dict__.get("_masked")
+                if masked is None or masked.shape[0] != versions.shape[0]:
+                    masked = self.__dict__["_masked"] = self._masked(versions)
+            return masked
+        return self._masked(versions)
+
+    def _masked(self, versions: np.ndarray) -> np.ndarray:
         keep, outside = self._keep
         n = min(keep.shape[0], versions.shape[0])
         out = np.empty(versions.shape[0], dtype=np.uint8)
@@ -61,13 +93,59 @@ class FilterPlan:
         out[n:] = DELETED
         return out
 
+    def gathered(self, state: State, store: PostingStore, dim: int, tenant: str) -> Gathered | None:
+        """The matching records' vectors in one matrix, read once per plan from their home
+        postings; call with writers held off, at the plan's ``applied``. None if a live copy
+        was not where the id map says (the caller falls back to the posting scan)."""
+        with self._lock:
+            if "_gathered" not in self.__dict__:
+                self.__dict__["_gathered"] = gather(state, store, self.allowed, dim, tenant)
+            return self.__dict__["_gathered"]
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """Records (``(n, 2 + dim)`` float32 rows, as in a posting) and their external ids."""
+
+    rows: np.ndarray
+    ids: np.ndarray
+
+
+def gather(state: State, store: PostingStore, allowed: np.ndarray, dim: int, tenant: str) -> Gathered | None:
+    """The live copies of the records ``allowed`` marks, picked out of their home postings
+    where the store keeps them in memory (read otherwise); None when a copy is missing."""
+    idm = state.idmap
+    vids = np.flatnonzero(allowed)
+    m = vids.shape[0]
+    rows = np.empty((m, dim + records.HEADER_WORDS), dtype=np.uint32)
+    ids = np.empty(m, dtype=np.int64)
+    if not m:
+        return Gathered(rows.view(np.float32), ids)
+    homes = np.unique(idm.home[vids]).astype(np.int64)
+    batch = store.read(homes[homes >= 0], IOClass.INTERACTIVE, tenant=tenant, in_place=True)
+    taken = np.zeros(allowed.shape[0], dtype=bool)
+    kernels = native.filtered
+    try:
+        _, recs_u = records.view(batch.data, dim)
+        n = kernels.pick(recs_u, batch.offsets[:-1], batch.offsets[1:], allowed, idm.versions, idm.vid2ext,
+                         rows, ids, 0, taken)
+        kept = batch.in_place
+        if kept is not None:
+            n = kernels.pick(kept.rows, kept.starts, kept.ends, allowed, idm.versions, idm.vid2ext, rows, ids, n,
+                             taken)
+    finally:
+        if batch.in_place is not None:
+            batch.in_place.release()
+    return Gathered(rows.view(np.float32), ids) if n == m else None
+
 
 class PlanCache:
-    """The plans of the last few filters, valid while no record is applied: a pipeline
-    tends to search with the same filter (a tenant's, a source's) over and over."""
+    """The plans of recent filters, valid while no record is applied: a pipeline tends to
+    search with the same filters (a tenant's, a source's) over and over. Least recently used
+    plans go first once the plans hold more than ``max_bytes`` (masks, gathered vectors)."""
 
-    def __init__(self, size: int = 32):
-        self._size = size
+    def __init__(self, max_bytes: int):
+        self._max_bytes = max_bytes
         self._plans: dict[tuple[Filter, int], FilterPlan] = {}
         self._lock = threading.Lock()
 
@@ -75,15 +153,18 @@ class PlanCache:
         """``plan(state, f)``; call with writers held off (``Readers.reading``)."""
         key = (f, state.applied)
         with self._lock:
-            found = self._plans.get(key)
-        if found is not None:
-            return found
+            found = self._plans.pop(key, None)
+            if found is not None:
+                self._plans[key] = found  # most recently used last
+                return found
         made = plan(state, f)
         with self._lock:
-            self._plans = {k: v for k, v in self._plans.items() if k[1] == state.applied}
-            if len(self._plans) >= self._size:
-                del self._plans[next(iter(self._plans))]
-            self._plans[key] = made
+            plans = {k: v for k, v in self._plans.items() if k[1] == state.applied}
+            plans[key] = made
+            total = sum(p.nbytes for p in plans.values())
+            while total > self._max_bytes and len(plans) > 1:
+                total -= plans.pop(next(iter(plans))).nbytes
+            self._plans = plans
         return made
 
 
@@ -97,7 +178,57 @@ def plan(state: State, f: Filter) -> FilterPlan:
     homes = idm.home[vids]
     heads = np.zeros(state.graph.capacity, dtype=bool)
     heads[homes[homes >= 0]] = True
-    return FilterPlan(allowed, int(vids.shape[0]), int(idm.n_live), heads)
+    return FilterPlan(allowed, int(vids.shape[0]), int(idm.n_live), heads, state.applied)
+
+
+def gathers(graph: HeadGraph, fplan: FilterPlan, max_postings: int, config: IndexConfig, dim: int) -> bool:
+    """Whether scoring just the matching records beats scanning postings for them: they are
+    at most ``filter_gather_ratio`` times the rows the posting scan scores (every head that
+    holds a match, then its budget of postings of the mean length), and their vectors fit in
+    a quarter of the plan cache."""
+    if fplan.matches * (dim + records.HEADER_WORDS) * 4 > config.filter_cache_bytes // 4:
+        return False
+    mean_len = fplan.live / max(graph.n_alive, 1)
+    if fplan.n_heads <= config.filter_exact_factor * max_postings:  # every posting with a match
+        scanned = fplan.n_heads * mean_len
+    else:
+        scanned = fplan.n_heads + posting_budget(fplan, max_postings, config) * mean_len
+    return fplan.matches <= config.filter_gather_ratio * scanned
+
+
+def search_gathered(state: State, store: PostingStore, fplan: FilterPlan, queries: np.ndarray, k: int,
+                    metric: int, max_postings: int, config: IndexConfig, tenant: str
+                    ) -> tuple[np.ndarray, np.ndarray, dict] | None:
+    """The exact filtered top-``k`` of ``queries`` by scoring just the matching records
+    (``Gathered``), as ``search.search`` returns it, when that is the cheaper way (``gathers``);
+    else None (scan the postings). Call with writers held off since ``fplan`` was made: the
+    gathered vectors are current then."""
+    if fplan.applied != state.applied or not gathers(state.graph, fplan, max_postings, config, queries.shape[1]):
+        return None
+    found = fplan.gathered(state, store, queries.shape[1], tenant)
+    if found is None:
+        return None
+    nq, m = queries.shape[0], found.rows.shape[0]
+    kernels = native.held if nq <= SMALL_SEARCH_QUERIES else native.scan
+    heap_d = np.empty((nq, k), dtype=np.float32)
+    heap_i = np.empty((nq, k), dtype=np.int64)
+    sizes = np.zeros(nq, dtype=np.int32)
+    # pieces of GATHER_PIECE rows, each scanned by every query while it is in cache
+    starts = np.arange(0, m, GATHER_PIECE, dtype=np.int64)
+    ends = np.minimum(starts + GATHER_PIECE, m)
+    q_lo = np.zeros(starts.shape[0], dtype=np.int64)
+    q_hi = np.full(starts.shape[0], nq, dtype=np.int64)
+    kernels.scan_grouped(found.rows, starts, ends, found.ids, starts, q_lo, q_hi, np.arange(nq, dtype=np.int32),
+                         queries, metric, heap_d, heap_i, sizes)
+    kernels.finish(heap_d, heap_i, sizes)
+    return heap_i, heap_d, {"postings": 0, "records_scanned": m * nq, "postings_dropped": 0}
+
+
+def posting_budget(fplan: FilterPlan, max_postings: int, config: IndexConfig) -> int:
+    """Postings a query scans among those with matches: more the rarer the matches."""
+    selectivity = fplan.matches / max(fplan.live, 1)
+    return min(fplan.n_heads, math.ceil(max_postings / max(selectivity, 1e-9)),
+               math.ceil(config.filter_widen * max_postings), 4096)
 
 
 def choose_postings(graph: HeadGraph, queries: np.ndarray, metric: int, fplan: FilterPlan, max_postings: int,
@@ -106,12 +237,11 @@ def choose_postings(graph: HeadGraph, queries: np.ndarray, metric: int, fplan: F
     nq = queries.shape[0]
     n_heads = fplan.n_heads
     if n_heads <= config.filter_exact_factor * max_postings:
-        heads = np.flatnonzero(fplan.heads).astype(np.int32)
-        return np.ascontiguousarray(np.broadcast_to(heads, (nq, n_heads))), np.full(nq, n_heads, dtype=np.int32)
-    selectivity = fplan.matches / max(fplan.live, 1)
-    budget = min(n_heads, math.ceil(max_postings / max(selectivity, 1e-9)),
-                 math.ceil(config.filter_widen * max_postings), 4096)
-    ids, _, counts = graph.search_among(queries, metric, budget, eps, fplan.heads, held=held)
+        every = np.empty((nq, n_heads), dtype=np.int32)
+        every[:] = fplan.head_ids
+        return every, np.full(nq, n_heads, dtype=np.int32)
+    ids, _, counts = graph.search_among(queries, metric, posting_budget(fplan, max_postings, config), eps,
+                                        fplan.heads, held=held)
     return ids, counts
 
 
