@@ -33,6 +33,10 @@ from .state import State
 from .storage import IOClass, PostingStore, records
 
 
+#: Share of the postings holding a match above which a filtered search picks its postings
+#: with the graph search (then few of those it picks hold no match).
+BROAD_SHARE = 0.75
+
 #: Rows of gathered records each query scores in turn (about 100 KB at 96 dimensions).
 GATHER_PIECE = 256
 
@@ -80,11 +84,11 @@ class FilterPlan:
             with self._lock:
                 masked = self.__dict__.get("_masked")
                 if masked is None or masked.shape[0] != versions.shape[0]:
-                    masked = self.__dict__["_masked"] = self._masked(versions)
+                    masked = self.__dict__["_masked"] = self._mask_versions(versions)
             return masked
-        return self._masked(versions)
+        return self._mask_versions(versions)
 
-    def _masked(self, versions: np.ndarray) -> np.ndarray:
+    def _mask_versions(self, versions: np.ndarray) -> np.ndarray:
         keep, outside = self._keep
         n = min(keep.shape[0], versions.shape[0])
         out = np.empty(versions.shape[0], dtype=np.uint8)
@@ -208,20 +212,10 @@ def search_gathered(state: State, store: PostingStore, fplan: FilterPlan, querie
     found = fplan.gathered(state, store, queries.shape[1], tenant)
     if found is None:
         return None
-    nq, m = queries.shape[0], found.rows.shape[0]
-    kernels = native.held if nq <= SMALL_SEARCH_QUERIES else native.scan
-    heap_d = np.empty((nq, k), dtype=np.float32)
-    heap_i = np.empty((nq, k), dtype=np.int64)
-    sizes = np.zeros(nq, dtype=np.int32)
-    # pieces of GATHER_PIECE rows, each scanned by every query while it is in cache
-    starts = np.arange(0, m, GATHER_PIECE, dtype=np.int64)
-    ends = np.minimum(starts + GATHER_PIECE, m)
-    q_lo = np.zeros(starts.shape[0], dtype=np.int64)
-    q_hi = np.full(starts.shape[0], nq, dtype=np.int64)
-    kernels.scan_grouped(found.rows, starts, ends, found.ids, starts, q_lo, q_hi, np.arange(nq, dtype=np.int32),
-                         queries, metric, heap_d, heap_i, sizes)
-    kernels.finish(heap_d, heap_i, sizes)
-    return heap_i, heap_d, {"postings": 0, "records_scanned": m * nq, "postings_dropped": 0}
+    nq = queries.shape[0]
+    top_k = native.filtered.top_k_held if nq <= SMALL_SEARCH_QUERIES else native.filtered.top_k
+    heap_i, heap_d = top_k(found.rows, found.ids, queries, metric, k, GATHER_PIECE)
+    return heap_i, heap_d, {"postings": 0, "records_scanned": found.rows.shape[0] * nq, "postings_dropped": 0}
 
 
 def posting_budget(fplan: FilterPlan, max_postings: int, config: IndexConfig) -> int:
@@ -232,16 +226,21 @@ def posting_budget(fplan: FilterPlan, max_postings: int, config: IndexConfig) ->
 
 
 def choose_postings(graph: HeadGraph, queries: np.ndarray, metric: int, fplan: FilterPlan, max_postings: int,
-                    eps: float, config: IndexConfig, held: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``(head ids (nq, m) -1 padded, counts (nq,))``: the postings each query scans."""
+                    eps: float, ef: int, config: IndexConfig, held: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(head ids (nq, m) -1 padded, counts (nq,))``: the postings each query scans. When
+    most postings hold a match, the graph's nearest (``ef`` its beam) serve as well as the
+    nearest among those with matches, and cost a graph search instead of scoring them all."""
     nq = queries.shape[0]
     n_heads = fplan.n_heads
     if n_heads <= config.filter_exact_factor * max_postings:
         every = np.empty((nq, n_heads), dtype=np.int32)
         every[:] = fplan.head_ids
         return every, np.full(nq, n_heads, dtype=np.int32)
-    ids, _, counts = graph.search_among(queries, metric, posting_budget(fplan, max_postings, config), eps,
-                                        fplan.heads, held=held)
+    budget = posting_budget(fplan, max_postings, config)
+    if n_heads >= BROAD_SHARE * graph.n_alive:
+        ids, _, counts = graph.search(queries, metric, budget, eps, max(ef, budget), held=held)
+    else:
+        ids, _, counts = graph.search_among(queries, metric, budget, eps, fplan.heads, held=held)
     return ids, counts
 
 

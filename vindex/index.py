@@ -333,7 +333,7 @@ class Index:
 
                 def choose(queries: np.ndarray, held: bool) -> tuple[np.ndarray, np.ndarray]:
                     return filtered.choose_postings(st.graph, queries, self._metric_code, fplan, m, e,
-                                                    self.config, held)
+                                                    max(beam, m), self.config, held)
 
                 def versions(live: np.ndarray) -> np.ndarray:
                     return fplan.versions_for(live, st.applied)
