@@ -1,18 +1,21 @@
-"""Filtered search: which records a filter lets through, and which postings to scan for them.
+"""Filtered search: which records a filter lets through, and how to search them.
 
 The payload index compiles a filter into the set of live matching records before any posting
-is read, so the plan knows their number and the postings that hold them (each record's home
-posting holds its live copy). Then, per search:
+is read (a ``FilterPlan``), so the plan knows their number and the postings that hold them
+(each record's home posting holds its live copy). Then, per search (docs/filters.md):
 
-* few such postings (at most ``filter_exact_factor * max_postings``): scan all of them, for
-  every query: the exact filtered answer;
+* few matches for what a posting scan would score (``gathers``): score just them, their
+  vectors gathered once per plan into one matrix (``search_gathered``): the exact answer;
+* few postings with a match (at most ``filter_exact_factor * max_postings``): scan all of
+  them, for every query: the exact answer too;
 * otherwise: scan the postings nearest the query among those that hold a match, more of them
   the rarer the matches (``max_postings / selectivity``, at most ``filter_widen *
   max_postings``). Restricting the choice to postings with matches serves filters whose
   matches lie far from the query as well as those near it.
 
-The scan itself is the unfiltered one, given a version map in which every record outside the
-set reads as deleted (``versions_for``), so it skips them without computing their distance.
+A posting scan is the unfiltered one, given a version map in which every record outside the
+set reads as deleted (``versions_for``, made once per plan), so it skips them without
+computing their distance.
 """
 from __future__ import annotations
 
