@@ -116,3 +116,39 @@ def test_bad_planner_settings_are_refused(tmp_path):
     for key, value in (("filter_gather_ratio", -1), ("filter_cache_bytes", -1)):
         with pytest.raises(vindex.InvalidConfigError, match=key):
             vindex.Index.create(tmp_path / key, dim=4, **{key: value})
+
+
+def test_deleted_ids_never_come_back_while_writes_run(built):
+    """Searches with a gathered plan beside a thread deleting matches and adding others: no
+    search that starts after a delete is acknowledged returns its id, and every result
+    matches the filter."""
+    import threading
+
+    idx, x, labels = built
+    flt = {"label": {"$lt": 3}}
+    victims = np.flatnonzero(labels < 3)[:40].tolist()
+    gone: list[int] = []
+    done = threading.Event()
+
+    def writer():
+        try:
+            for i, vid in enumerate(victims):
+                idx.delete([vid])
+                gone.append(vid)
+                idx.upsert([N + 10 + i], x[vid:vid + 1] + 1e-3, metadata=[{"label": 99}])
+        finally:
+            done.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    q = x[victims[:4]]
+    searches = 0
+    while not done.is_set() or searches < 5:
+        before = set(gone)
+        res = idx.search(q, 10, filter=flt)
+        found = set(res.ids[res.ids >= 0].tolist())
+        assert not found & before
+        assert all(i < N and labels[i] < 3 for i in found)
+        searches += 1
+    t.join()
+    assert not set(idx.search(q, 10, filter=flt).ids.reshape(-1).tolist()) & set(victims)
