@@ -254,16 +254,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def keep_other_mode(path: str, result: dict) -> None:
-    """Carry over from the result file at ``path`` what this run did not measure (a search
-    run keeps the last upsert rates, and the reverse), per data set."""
+    """Carry over from the result file at ``path`` what this run did not measure: the other
+    mode's results (a search run keeps the last upsert rates, and the reverse) and the data
+    sets it did not run."""
     if not os.path.exists(path):
         return
     with open(path) as f:
         old = json.load(f).get("datasets", {})
-    for name, ds in result["datasets"].items():
+    for name, was in old.items():
+        ds = result["datasets"].setdefault(name, was)
         for mode in ("search", "upsert"):
-            if mode not in ds and mode in old.get(name, {}):
-                ds[mode] = old[name][mode]
+            if mode not in ds and mode in was:
+                ds[mode] = was[mode]
 
 
 def main(argv: list[str] | None = None) -> int:
