@@ -203,18 +203,19 @@ def gathers(graph: HeadGraph, fplan: FilterPlan, max_postings: int, config: Inde
     return fplan.matches <= config.filter_gather_ratio * scanned
 
 
-def search_gathered(state: State, store: PostingStore, fplan: FilterPlan, queries: np.ndarray, k: int,
-                    metric: int, max_postings: int, config: IndexConfig, tenant: str
-                    ) -> tuple[np.ndarray, np.ndarray, dict] | None:
-    """The exact filtered top-``k`` of ``queries`` by scoring just the matching records
-    (``Gathered``), as ``search.search`` returns it, when that is the cheaper way (``gathers``);
+def gathered_for(state: State, store: PostingStore, fplan: FilterPlan, max_postings: int, config: IndexConfig,
+                 dim: int, tenant: str) -> Gathered | None:
+    """The plan's gathered records when scoring just them is the cheaper way (``gathers``),
     else None (scan the postings). Call with writers held off since ``fplan`` was made: the
-    gathered vectors are current then."""
-    if fplan.applied != state.applied or not gathers(state.graph, fplan, max_postings, config, queries.shape[1]):
+    copy is then the state's, and stays so however the state moves on."""
+    if fplan.applied != state.applied or not gathers(state.graph, fplan, max_postings, config, dim):
         return None
-    found = fplan.gathered(state, store, queries.shape[1], tenant)
-    if found is None:
-        return None
+    return fplan.gathered(state, store, dim, tenant)
+
+
+def search_gathered(found: Gathered, queries: np.ndarray, k: int, metric: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The exact top-``k`` of ``queries`` among the gathered records, as ``search.search``
+    returns it."""
     nq = queries.shape[0]
     top_k = native.filtered.top_k_held if nq <= SMALL_SEARCH_QUERIES else native.filtered.top_k
     heap_i, heap_d = top_k(found.rows, found.ids, queries, metric, k, GATHER_PIECE)

@@ -328,8 +328,9 @@ class Index:
             if f is not None:
                 with eng.readers.reading():  # a plan and its gathered vectors: one state
                     fplan = self._plans.get(st, f)
-                    exact = filtered.search_gathered(st, eng.store, fplan, q, k, self._metric_code, m,
-                                                     self.config, str(tenant))
+                    found = filtered.gathered_for(st, eng.store, fplan, m, self.config, self.dim, str(tenant))
+                if found is not None:
+                    exact = filtered.search_gathered(found, q, k, self._metric_code)
 
                 def choose(queries: np.ndarray, held: bool) -> tuple[np.ndarray, np.ndarray]:
                     return filtered.choose_postings(st.graph, queries, self._metric_code, fplan, m, e,
@@ -344,7 +345,7 @@ class Index:
         finally:
             eng.readers.end(ticket)
         if f is not None:
-            if exact is None:  # (the exact answer was read with writers held off)
+            if exact is None:  # (the gathered records were copied with writers held off)
                 ids, dists = filtered.recheck(st, f, ids, dists)
             work["filter_matches"] = fplan.matches
         if self.metric == "cosine":
