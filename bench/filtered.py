@@ -253,6 +253,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def keep_other_mode(path: str, result: dict) -> None:
+    """Carry over from the result file at ``path`` what this run did not measure: the other
+    mode's results (a search run keeps the last upsert rates, and the reverse) and the data
+    sets it did not run."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        old = json.load(f).get("datasets", {})
+    for name, was in old.items():
+        ds = result["datasets"].setdefault(name, was)
+        for mode in ("search", "upsert"):
+            if mode not in ds and mode in was:
+                ds[mode] = was[mode]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.markdown:
@@ -277,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 rows=args.upsert_rows, batch=args.upsert_batch,
                                                 repeats=args.upsert_repeats)
     path = os.path.join(args.out, "filtered-quick.json" if args.quick else "filtered.json")
+    keep_other_mode(path, result)
     report.write_json(path, result)
     print("\n" + docs_markdown(result))
     print(f"\nwrote {path}")

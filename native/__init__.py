@@ -20,8 +20,8 @@ import importlib
 
 from .metrics import IP as IP, L2 as L2  # re-exported: native.L2, native.IP
 
-_SUBMODULES = ("checksum", "codes", "distances", "fast", "graph", "heap", "held", "idhash", "kept", "kept_table", "kmeans",
-               "layout", "lire", "prefetch", "replicas", "rows", "scan")
+_SUBMODULES = ("checksum", "codes", "distances", "fast", "filtered", "graph", "heap", "held", "idhash", "kept",
+               "kept_table", "kmeans", "layout", "lire", "prefetch", "replicas", "rows", "scan")
 
 
 def __getattr__(name: str):
@@ -34,7 +34,7 @@ def warmup() -> None:
     """Run every kernel once on tiny inputs of the exact types the library passes."""
     import numpy as np
 
-    from . import distances, fast, graph, heap, held, idhash, kept, kmeans, lire, replicas, rows, scan
+    from . import distances, fast, filtered, graph, heap, held, idhash, kept, kmeans, lire, replicas, rows, scan
 
     rng = np.random.default_rng(0)
     d, n = 8, 40
@@ -128,6 +128,11 @@ def warmup() -> None:
         codes.encode(rows_u, rows_f, lo, 1 / scale, code_u, code_u.view(np.uint8))
         codes.newer_rows(rows_u, np.full(8, 0xFF, np.uint8))
         codes.write_vectors(-1, rows_u, rows_f, np.zeros(0, np.int64))
+    filtered.pick(recs_u, starts, ends, np.ones(8, np.bool_), versions, vid2ext, np.empty((4, d + 2), np.uint32),
+                  np.empty(4, np.int64), 0, np.zeros(8, np.bool_))
+    for metric in (distances.L2, distances.IP):
+        filtered.top_k(recs_f, live, q, metric, 3, 256)
+        filtered.top_k_held(recs_f, live, q, metric, 3, 256)
     labels = np.full(4, -1, np.int64)
     cents = np.zeros((2, d), np.float32)
     keep, n_live = lire.live_dedupe(recs_u, offsets, versions, np.full(8, -1, np.int64))

@@ -190,3 +190,15 @@ def test_summary_takes_vindex_at_its_unfiltered_095_setting_and_peers_at_the_sam
     assert un["faiss_qps"] == pytest.approx(280) and un["min_matches"] == 100
     assert f["selectivity"] == pytest.approx(0.1)
     assert "| f | 10.0000% |" in filtered.markdown([f])
+
+
+def test_a_search_run_keeps_the_last_upsert_rates(tmp_path):
+    """filtered.json holds both modes: a --mode search run carries the upsert table over, and
+    the data sets it did not run."""
+    path = tmp_path / "filtered.json"
+    path.write_text(json.dumps({"datasets": {"a": {"upsert": {"ratio": 0.5}, "search": {"old": 1}},
+                                             "b": {"upsert": {"ratio": 0.7}}}}))
+    result = {"datasets": {"a": {"search": {"new": 1}}, "c": {"search": {}}}}
+    filtered.keep_other_mode(str(path), result)
+    assert result["datasets"] == {"a": {"search": {"new": 1}, "upsert": {"ratio": 0.5}}, "c": {"search": {}},
+                                  "b": {"upsert": {"ratio": 0.7}}}

@@ -35,8 +35,8 @@ RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebala
                             "checkpoint_every", "scrub_ratio", "durability",
                             "io_scheduler", "interactive_p99_ms", "read_p99_ms",
                             "exact_search_max_heads", "max_metadata_bytes", "max_document_bytes",
-                            "filter_exact_factor", "filter_widen", "search_threads", "resident_bytes",
-                            "resident_codes_bytes", "rerank",
+                            "filter_exact_factor", "filter_gather_ratio", "filter_cache_bytes", "filter_widen",
+                            "search_threads", "resident_bytes", "resident_codes_bytes", "rerank",
                             "recall_monitor_cpu", "recall_alert", "recall_k"})
 
 
@@ -150,6 +150,14 @@ class IndexConfig:
     filter_exact_factor: float = 4.0
     """(runtime) A filtered search scans every posting that holds a matching record (an exact
     answer) when there are at most ``filter_exact_factor * max_postings`` of them."""
+    filter_gather_ratio: float = 2.0
+    """(runtime) A filtered search scores just the matching records' vectors (read once per
+    filter and write, then kept with the filter's plan: the exact answer) when they are at
+    most ``filter_gather_ratio`` times the rows the posting scan would score (the heads it
+    ranks plus its postings' records); measured crossover in docs/filters.md."""
+    filter_cache_bytes: int = 64 << 20
+    """(runtime) Memory for the plans of recent filters (their masks and gathered vectors),
+    kept until the next write; the least recently used go first."""
     filter_widen: float = 8.0
     """(runtime) Otherwise it scans the postings nearest the query among those that hold
     matches: ``max_postings / selectivity`` of them, at most ``filter_widen * max_postings``."""
@@ -263,6 +271,8 @@ class IndexConfig:
         need(0 <= self.max_document_bytes <= 1 << 30, "max_document_bytes", "0..2^30")
         need(self.filter_exact_factor >= 0, "filter_exact_factor", ">= 0")
         need(self.filter_widen >= 1, "filter_widen", ">= 1")
+        need(self.filter_gather_ratio >= 0, "filter_gather_ratio", ">= 0")
+        need(0 <= self.filter_cache_bytes <= 1 << 48, "filter_cache_bytes", "0..2^48")
         need(0 <= self.recall_monitor_cpu <= 1, "recall_monitor_cpu", "a share of one core in [0, 1]")
         need(0 <= self.recall_alert <= 1, "recall_alert", "a recall in [0, 1]")
         need(1 <= self.recall_k <= 1024, "recall_k", "1..1024")

@@ -94,7 +94,7 @@ class Index:
         # replica selection for upserts; under sla its threads yield the cores to searches
         self._pool = yielding_pool("vindex-insert", cfg.io_scheduler == "sla")
         self._rebalancer = Rebalancer(engine, enabled=cfg.rebalance)
-        self._plans = filtered.PlanCache()
+        self._plans = filtered.PlanCache(cfg.filter_cache_bytes)
         if orphans:  # dropped by the background once the store can write; never reused before
             self._rebalancer.cuts.defer(orphans, {})
         self._tap = SearchTap(engine.dim)
@@ -324,24 +324,29 @@ class Index:
         st = eng.state
         ticket = eng.readers.begin(bool(interactive))
         try:
-            choose = versions = None
+            choose = versions = exact = None
             if f is not None:
-                with eng.readers.reading():
+                with eng.readers.reading():  # a plan and its gathered vectors: one state
                     fplan = self._plans.get(st, f)
+                    found = filtered.gathered_for(st, eng.store, fplan, m, self.config, self.dim, str(tenant))
+                if found is not None:
+                    exact = filtered.search_gathered(found, q, k, self._metric_code)
 
                 def choose(queries: np.ndarray, held: bool) -> tuple[np.ndarray, np.ndarray]:
                     return filtered.choose_postings(st.graph, queries, self._metric_code, fplan, m, e,
-                                                    self.config, held)
-                versions = fplan.versions_for
-            ids, dists, work = search_threads(q, k, threads=n_threads, pool=self._search_pool, graph=st.graph,
-                                              idmap=st.idmap, store=eng.store, readers=eng.readers,
-                                              metric=self._metric_code, max_postings=m, eps=e, ef=max(beam, m),
-                                              deadline=deadline, tenant=str(tenant), choose=choose,
-                                              versions=versions, rerank=n_rerank)
+                                                    max(beam, m), self.config, held)
+
+                def versions(live: np.ndarray) -> np.ndarray:
+                    return fplan.versions_for(live, st.applied)
+            ids, dists, work = exact or search_threads(
+                q, k, threads=n_threads, pool=self._search_pool, graph=st.graph, idmap=st.idmap, store=eng.store,
+                readers=eng.readers, metric=self._metric_code, max_postings=m, eps=e, ef=max(beam, m),
+                deadline=deadline, tenant=str(tenant), choose=choose, versions=versions, rerank=n_rerank)
         finally:
             eng.readers.end(ticket)
         if f is not None:
-            ids, dists = filtered.recheck(st, f, ids, dists)
+            if exact is None:  # (the gathered records were copied with writers held off)
+                ids, dists = filtered.recheck(st, f, ids, dists)
             work["filter_matches"] = fplan.matches
         if self.metric == "cosine":
             dists *= np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors (the search's own array)
