@@ -20,7 +20,7 @@ import importlib
 
 from .metrics import IP as IP, L2 as L2  # re-exported: native.L2, native.IP
 
-_SUBMODULES = ("checksum", "codes", "distances", "fast", "filtered", "graph", "heap", "held", "idhash", "kept",
+_SUBMODULES = ("aps", "checksum", "codes", "distances", "fast", "filtered", "graph", "heap", "held", "idhash", "kept",
                "kept_table", "kmeans", "layout", "lire", "prefetch", "replicas", "rows", "scan")
 
 
@@ -152,7 +152,9 @@ def warmup() -> None:
     idhash.insert(np.full(32, -1, dtype=np.int32), vid2ext, np.arange(8, dtype=np.int64))
     idhash.lookup(table, vid2ext, np.arange(10, dtype=np.int64))
     _ = pids, q_ptr, q_idx
-    from . import checksum, layout
+    from . import aps, checksum, layout
+
+    aps.warm()
 
     block, sums = np.zeros(checksum.BLOCK, np.uint8), np.empty(1, np.uint32)
     checksum.block_sums(block, 1, sums)

@@ -173,6 +173,8 @@ def cmd_query(args: argparse.Namespace) -> int:
             labels = [f"{args.file} row {r}" for r in range(lo_i, lo_i + queries.shape[0])]
         params = {key: value for key, value in (("max_postings", args.max_postings), ("threads", args.threads))
                   if value is not None}
+        if args.recall_target is not None:
+            params["recall_target"] = args.recall_target
         t0 = time.perf_counter()
         res = col.search(queries, args.k, filter=where, include=["documents"], **params)
         ms = (time.perf_counter() - t0) * 1e3
@@ -343,6 +345,8 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--max-postings", type=int, default=None)
     q.add_argument("--threads", type=int, default=None,
                    help="cores the server searches the queries with (default: the collection's search_threads)")
+    q.add_argument("--recall-target", type=float, default=None,
+                   help="read postings until the estimated recall@k reaches this, in (0, 1)")
     q.add_argument("--filter", default=None, help='a metadata filter as JSON, e.g. \'{"topic": "Arts"}\'')
     q.set_defaults(func=cmd_query)
 

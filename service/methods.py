@@ -15,6 +15,7 @@ import numpy as np
 from vindex import errors, validation
 from vindex.config import MAX_SEARCH_THREADS
 from vindex.results import GetResult, SearchResult
+from vindex.aps import check_target
 from vindex.validation import check_eps
 
 from . import vindex_pb2 as pb
@@ -97,9 +98,11 @@ class CollectionMethods(MethodsBase):
     @client_method
     def search(self, queries: Any, k: int = 10, *, filter: dict | None = None, include: Any = (),
                max_postings: int | None = None, eps: float | None = None, ef: int | None = None,
-               timeout: float | None = None, threads: int | None = None) -> Call[SearchResult]:
+               timeout: float | None = None, threads: int | None = None,
+               recall_target: float | None = None) -> Call[SearchResult]:
         """The ``k`` nearest stored vectors of each query (among the records matching
-        ``filter``), with the ``include``d fields; see :meth:`vindex.Index.search`.
+        ``filter``), with the ``include``d fields; see :meth:`vindex.Index.search`
+        (``recall_target``: stop reading postings once the estimated recall reaches it).
         ``timeout`` is the call's gRPC deadline (default: the client's); reads the server
         still has queued just before it are dropped and the result is ``partial``.
         ``threads``: cores the server searches the batch with (default: the collection's
@@ -117,6 +120,8 @@ class CollectionMethods(MethodsBase):
                                include=include)
         if eps is not None:
             req.eps = check_eps(eps)
+        if recall_target is not None:
+            req.recall_target = check_target(recall_target)
         set_filter(req, filter)
         return Call("Search", req, functools.partial(search_result, include=include), timeout)
 

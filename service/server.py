@@ -416,6 +416,8 @@ class VectorIndexServicer(pb_grpc.VectorIndexServicer):
             params["eps"] = float(request.eps)
         if request.threads:
             params["threads"] = request.threads
+        if request.HasField("recall_target"):
+            params["recall_target"] = float(request.recall_target)
         include, where = _include(request), decode_filter(request)  # the library checks both
 
         tenant = self.tenant_of(context)

@@ -158,7 +158,7 @@ class GetResponse(_message.Message):
     def __init__(self, vectors: _Optional[bytes] = ..., dim: _Optional[int] = ..., found: _Optional[_Iterable[bool]] = ..., metadata: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., no_metadata: _Optional[_Iterable[bool]] = ..., documents: _Optional[_Iterable[str]] = ..., no_document: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("collection", "queries", "dim", "k", "max_postings", "eps", "ef", "float_queries", "nq", "filter", "include", "threads")
+    __slots__ = ("collection", "queries", "dim", "k", "max_postings", "eps", "ef", "float_queries", "nq", "filter", "include", "threads", "recall_target")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +171,7 @@ class SearchRequest(_message.Message):
     FILTER_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_FIELD_NUMBER: _ClassVar[int]
     THREADS_FIELD_NUMBER: _ClassVar[int]
+    RECALL_TARGET_FIELD_NUMBER: _ClassVar[int]
     collection: str
     queries: bytes
     dim: int
@@ -183,7 +184,8 @@ class SearchRequest(_message.Message):
     filter: _struct_pb2.Struct
     include: _containers.RepeatedScalarFieldContainer[str]
     threads: int
-    def __init__(self, collection: _Optional[str] = ..., queries: _Optional[bytes] = ..., dim: _Optional[int] = ..., k: _Optional[int] = ..., max_postings: _Optional[int] = ..., eps: _Optional[float] = ..., ef: _Optional[int] = ..., float_queries: _Optional[_Iterable[float]] = ..., nq: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., include: _Optional[_Iterable[str]] = ..., threads: _Optional[int] = ...) -> None: ...
+    recall_target: float
+    def __init__(self, collection: _Optional[str] = ..., queries: _Optional[bytes] = ..., dim: _Optional[int] = ..., k: _Optional[int] = ..., max_postings: _Optional[int] = ..., eps: _Optional[float] = ..., ef: _Optional[int] = ..., float_queries: _Optional[_Iterable[float]] = ..., nq: _Optional[int] = ..., filter: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., include: _Optional[_Iterable[str]] = ..., threads: _Optional[int] = ..., recall_target: _Optional[float] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
     __slots__ = ("nq", "k", "ids", "distances", "postings", "records_scanned", "partial", "postings_dropped", "id_type", "str_ids", "metadata", "no_metadata", "documents", "no_document", "vectors", "dim")

@@ -68,6 +68,8 @@ COLLECTION_STEPS = [
                               include=["metadata", "documents", "vectors"])),
     ("search", (X[0],), dict(k=3, include="documents", ef=32, max_postings=8, eps=0.5, timeout=30)),
     ("search", (X[:1],), dict(k=0)),                                       # InvalidKError
+    ("search", (X[:3],), dict(k=5, recall_target=0.9)),
+    ("search", (X[:1],), dict(recall_target=1.0)),                         # InvalidKError (client)
     ("search", (np.ones((1, DIM + 1)),), {}),                               # DimensionError
     ("search", (X[:1],), dict(filter={"page": {"$nope": 1}})),            # FilterError (server)
     ("search", (X[:1],), dict(filter=["page"])),                           # FilterError (client)
@@ -211,7 +213,7 @@ def test_same_results_and_errors(served, subject, steps):
         assert raised >= {"IdExistsError", "LengthMismatchError", "InvalidIdError", "DimensionError",
                           "InvalidKError", "FilterError", "UnknownIdError", "InvalidInputError", "NonFiniteError"}
         assert blocking[2][3] == ["doc-28", "doc-29"]               # the ids the IdExistsError names
-        assert len(blocking[27]) == 6 and blocking[28][0][1] != blocking[27][0][1]  # pages; resumed elsewhere
+        assert len(blocking[29]) == 6 and blocking[30][0][1] != blocking[29][0][1]  # pages; resumed elsewhere
         assert blocking[-4] == 40 - 5 - 2                           # deleted by filter and by id
     else:
         assert raised >= {"CollectionExistsError", "CollectionNotFoundError", "DimensionError", "InvalidInputError"}

@@ -286,6 +286,9 @@ def test_congruent_with_library(client, tmp_path, metric):
         for params in [{}, dict(max_postings=2), dict(max_postings=3, eps=0.2), dict(max_postings=2, ef=4), EXACT]:
             _same_result(col.search(q, 10, **params), idx.search(q, 10, **params))
         _same_result(col.search(q[0], 1), idx.search(q[0], 1))  # one (dim,) query
+        if metric != "ip":  # the target reaches the server (its calibration is the server's own)
+            low, high = (col.search(q, 10, recall_target=t).stats["records_scanned"] for t in (0.2, 0.99))
+            assert 0 < low < high
         _same_result(col.search(q[:0], 5), idx.search(q[:0], 5))  # no queries
         _same_result(col.search(q[:3], MAX_K, **EXACT), idx.search(q[:3], MAX_K, **EXACT))
         probe = np.arange(0, 2100, 7)  # live, deleted and never-stored ids
@@ -445,8 +448,9 @@ def test_upsert_invalid(stub, err_col, request_, error):
     (dict(queries=ROW, dim=DIM, k=5, eps=-1.0), "InvalidKError"),
     (dict(queries=ROW, dim=DIM, k=5, eps=float("nan")), "InvalidKError"),
     (dict(queries=ROW, dim=DIM, k=5, threads=3), "InvalidKError"),  # over --max-search-threads
+    (dict(queries=ROW, dim=DIM, k=5, recall_target=1.5), "InvalidKError"),
 ], ids=["dim", "partial-row", "dim0", "nan", "inf", "k0", "k-over-max", "max_postings", "ef", "eps<0", "eps-nan",
-        "threads-over-cap"])
+        "threads-over-cap", "recall_target"])
 def test_search_invalid(stub, err_col, request_, error):
     _fails(stub.Search, pb.SearchRequest(collection="errors", **request_), INVALID, error)
 

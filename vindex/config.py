@@ -27,6 +27,9 @@ IO_SCHEDULERS = ("sla", "fifo")
 SMALL_SEARCH_QUERIES = 16
 #: Default candidates reranked exactly per result asked for (``IndexConfig.rerank``).
 RERANK_FACTOR = 8
+#: With ``recall_target`` and no ``max_postings`` given, a query's candidate postings are this
+#: many times ``IndexConfig.max_postings`` (the estimate stops most queries long before).
+APS_CANDIDATES = 2
 #: Most threads one search may use (``search(..., threads=)``, ``search_threads``).
 MAX_SEARCH_THREADS = 256
 
@@ -36,7 +39,7 @@ RUNTIME_FIELDS = frozenset({"cache_bytes", "build_threads", "rebalance", "rebala
                             "io_scheduler", "interactive_p99_ms", "read_p99_ms",
                             "exact_search_max_heads", "max_metadata_bytes", "max_document_bytes",
                             "filter_exact_factor", "filter_gather_ratio", "filter_cache_bytes", "filter_widen",
-                            "search_threads", "resident_bytes", "resident_codes_bytes", "rerank",
+                            "search_threads", "recall_target", "resident_bytes", "resident_codes_bytes", "rerank",
                             "recall_monitor_cpu", "recall_alert", "recall_k"})
 
 
@@ -137,6 +140,10 @@ class IndexConfig:
     search_ef: int = 0
     """Beam width of the head-graph search; 0 means ``max(max_postings, 32)`` (a wider beam
     finds slightly better heads at more graph cost)."""
+    recall_target: float | None = None
+    """(runtime) Default of ``search(recall_target=)``: each query reads its candidate postings
+    nearest first until its estimated recall@k reaches this (docs/search-path.md). None: every
+    query reads its ``max_postings`` nearest postings."""
     search_threads: int = 1
     """(runtime) Threads a batch's search uses: its queries are cut into as many pieces (of
     over ``SMALL_SEARCH_QUERIES`` queries each) searched in parallel. ``search(threads=)``
@@ -256,6 +263,10 @@ class IndexConfig:
         need(1 <= self.max_postings <= 4096, "max_postings", "1..4096")
         need(self.search_eps >= 0, "search_eps", ">= 0")
         need(1 <= self.search_threads <= MAX_SEARCH_THREADS, "search_threads", f"1..{MAX_SEARCH_THREADS}")
+        need(self.recall_target is None or (not isinstance(self.recall_target, bool)
+                                            and isinstance(self.recall_target, (int, float))
+                                            and 0 < self.recall_target < 1),
+             "recall_target", "None or a number strictly between 0 and 1")
         need(self.search_ef == 0 or self.search_ef >= 1, "search_ef", "0 (auto) or >= 1")
         need(self.store in STORES, "store", f"one of {STORES}")
         need(0 <= self.cache_bytes <= 1 << 48, "cache_bytes", "0..2^48")

@@ -11,10 +11,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import checkpoint, filtered, gauges, ids as idkinds, layout, oplog, payloads, validation, writes
+from . import adaptive, aps, checkpoint, filtered, gauges, ids as idkinds, layout, oplog, payloads, validation, writes
 from .build import build_postings
 from .checkpointer import Checkpointer
-from .config import MAX_SEARCH_THREADS, SMALL_SEARCH_QUERIES, IndexConfig, check_metric, record_bytes
+from .config import APS_CANDIDATES, MAX_SEARCH_THREADS, SMALL_SEARCH_QUERIES, IndexConfig, check_metric, record_bytes
 from .engine import Engine
 from .errors import (CorruptionError, IdExistsError, IndexClosedError, InvalidInputError,
                      UnknownIdError, preview)
@@ -95,6 +95,7 @@ class Index:
         self._pool = yielding_pool("vindex-insert", cfg.io_scheduler == "sla")
         self._rebalancer = Rebalancer(engine, enabled=cfg.rebalance)
         self._plans = filtered.PlanCache(cfg.filter_cache_bytes)
+        self._calibrations = aps.Calibrations()
         if orphans:  # dropped by the background once the store can write; never reused before
             self._rebalancer.cuts.defer(orphans, {})
         self._tap = SearchTap(engine.dim)
@@ -282,7 +283,8 @@ class Index:
     def search(self, queries: Any, k: int = 10, *, filter: Any = None, include: Any = (),
                max_postings: int | None = None, eps: float | None = None, ef: int | None = None,
                timeout: float | None = None, tenant: str = "default", interactive: bool | None = None,
-               threads: int | None = None, rerank: int | None = None) -> SearchResult:
+               threads: int | None = None, rerank: int | None = None,
+               recall_target: float | None = None) -> SearchResult:
         """The ``k`` nearest stored vectors of each query.
 
         ``filter`` (a dict in the filter language, docs/filters.md) restricts the results to
@@ -302,9 +304,15 @@ class Index:
         (pieces of over 16 queries each, in parallel); default ``IndexConfig.search_threads``.
         ``rerank``: candidates per query scored exactly after a scan of int8 posting codes
         (searches of up to 16 queries; 0: float32 postings only); default ``IndexConfig.rerank``.
+        ``recall_target`` (in (0, 1); default ``IndexConfig.recall_target``): each query reads
+        its candidate postings nearest first and stops once its estimated recall@k reaches the
+        target (``max_postings`` then bounds the candidates; docs/search-path.md).
         """
         q, k, m, e, beam, n_threads = self._search_args(queries, k, max_postings, eps, ef, threads)
         n_rerank = self._rerank_arg(rerank, k)
+        target = self._recall_target(recall_target)
+        if target is not None and max_postings is None:
+            m = min(APS_CANDIDATES * self.config.max_postings, 4096)
         f = None if filter is None else compile_filter(filter)
         include = _NOTHING if type(include) is tuple and not include else payloads.check_include(include)
         timeout = None if timeout is None else validation.seconds(timeout, "timeout")
@@ -322,6 +330,8 @@ class Index:
         if interactive is None:
             interactive = q.shape[0] <= SMALL_SEARCH_QUERIES
         st = eng.state
+        beam_given = None if ef is None else beam  # (a target's fixed count gets the config's beam for it)
+        cal = None if target is None else adaptive.calibration(self, k, m, e, beam_given)
         ticket = eng.readers.begin(bool(interactive))
         try:
             choose = versions = exact = None
@@ -332,16 +342,23 @@ class Index:
                 if found is not None:
                     exact = filtered.search_gathered(found, q, k, self._metric_code)
 
-                def choose(queries: np.ndarray, held: bool) -> tuple[np.ndarray, np.ndarray]:
-                    return filtered.choose_postings(st.graph, queries, self._metric_code, fplan, m, e,
-                                                    max(beam, m), self.config, held)
+                def choose(queries: np.ndarray, held: bool, limit: int = m) -> tuple[np.ndarray, np.ndarray]:
+                    return filtered.choose_postings(st.graph, queries, self._metric_code, fplan, limit, e,
+                                                    max(beam, limit), self.config, held)
 
                 def versions(live: np.ndarray) -> np.ndarray:
                     return fplan.versions_for(live, st.applied)
-            ids, dists, work = exact or search_threads(
-                q, k, threads=n_threads, pool=self._search_pool, graph=st.graph, idmap=st.idmap, store=eng.store,
-                readers=eng.readers, metric=self._metric_code, max_postings=m, eps=e, ef=max(beam, m),
-                deadline=deadline, tenant=str(tenant), choose=choose, versions=versions, rerank=n_rerank)
+            if exact is not None:
+                ids, dists, work = exact
+            elif target is not None:
+                ids, dists, work = adaptive.search(self, q, k, target, max_postings=m, eps=e, ef=beam_given, cal=cal,
+                                                   threads=n_threads, deadline=deadline, tenant=str(tenant),
+                                                   choose=choose, versions=versions, rerank=n_rerank)
+            else:
+                ids, dists, work = search_threads(
+                    q, k, threads=n_threads, pool=self._search_pool, graph=st.graph, idmap=st.idmap, store=eng.store,
+                    readers=eng.readers, metric=self._metric_code, max_postings=m, eps=e, ef=max(beam, m),
+                    deadline=deadline, tenant=str(tenant), choose=choose, versions=versions, rerank=n_rerank)
         finally:
             eng.readers.end(ticket)
         if f is not None:
@@ -397,9 +414,16 @@ class Index:
         sched.set_tenant_quota(str(tenant), rate, size)
 
     def check_queries(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
-                      eps: float | None = None, ef: int | None = None, threads: int | None = None) -> None:
+                      eps: float | None = None, ef: int | None = None, threads: int | None = None,
+                      recall_target: float | None = None) -> None:
         """Raise what :meth:`search` would raise for these arguments, without searching."""
         self._search_args(queries, k, max_postings, eps, ef, threads)
+        self._recall_target(recall_target)
+
+    def _recall_target(self, value: Any) -> float | None:
+        """The validated recall target of a search: ``value``, else the config's (None: none)."""
+        value = self.config.recall_target if value is None else value
+        return None if value is None else adaptive.check_target(value, self.metric)
 
     def _search_args(self, queries: Any, k: Any, max_postings: Any, eps: Any, ef: Any, threads: Any = None
                      ) -> tuple[np.ndarray, int, int, float, int, int]:

@@ -71,6 +71,12 @@ class SearchTap:
         rows = (end - 1 - rng.choice(fresh, size=min(n, fresh), replace=False)) % size
         return self._ring[rows].copy()
 
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """Up to ``n`` distinct queries drawn at random (a copy) from those in the ring,
+        leaving ``recent``'s position alone (a recall target's calibration)."""
+        held = min(self._next, self._ring.shape[0])
+        return self._ring[np.sort(rng.choice(held, size=min(n, held), replace=False))].copy()
+
     def muted(self) -> "_Muted":
         """A context in which this thread's searches are not counted (the monitor's own)."""
         return _Muted(self._local)
