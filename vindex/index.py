@@ -442,10 +442,7 @@ class Index:
         """Validated ``rerank`` (0, or at least ``k``), with the config's default."""
         if rerank is None:
             return self.config.rerank_for(k)
-        n = validation.positive_int(rerank, "rerank", upper=1 << 16, lower=0)
-        if 0 < n < k:
-            raise InvalidInputError(f"rerank: expected 0 (no codes) or at least k={k} candidates, got {rerank!r}")
-        return n
+        return validation.rerank(rerank, k)
 
     def _vectors(self, x: Any, what: str) -> np.ndarray:
         return validation.search_rows(x, self.dim, unit=self.metric == "cosine", what=what)

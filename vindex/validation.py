@@ -187,3 +187,11 @@ def check_eps(value: Any) -> float:
     if isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and value == np.inf:
         return float("inf")
     return non_negative_float(value, "eps")
+
+
+def rerank(value: Any, k: int) -> int:
+    """A search's ``rerank``: 0 (float32 postings only) or at least ``k`` candidates."""
+    n = positive_int(value, "rerank", upper=1 << 16, lower=0)
+    if 0 < n < k:
+        raise InvalidInputError(f"rerank: expected 0 (no codes) or at least k={k} candidates, got {value!r}")
+    return n

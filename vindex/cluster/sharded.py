@@ -16,8 +16,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from vindex import ids as idkinds, payloads, validation
-from vindex.config import IndexConfig, check_metric
+from vindex import adaptive, ids as idkinds, payloads, validation
+from vindex.config import MAX_SEARCH_THREADS, IndexConfig, check_metric
 from vindex.errors import (IdExistsError, IndexClosedError, InvalidConfigError, InvalidInputError, UnknownIdError,
                            preview)
 from vindex.filters import compile_filter
@@ -232,24 +232,36 @@ class ShardedIndex:
     # --- search -------------------------------------------------------------------------------
     def search(self, queries: Any, k: int = 10, *, filter: Any = None, include: Any = (),
                max_postings: int | None = None, eps: float | None = None, ef: int | None = None,
-               timeout: float | None = None, tenant: str = "default", interactive: bool | None = None
+               timeout: float | None = None, tenant: str = "default", interactive: bool | None = None,
+               threads: int | None = None, rerank: int | None = None, recall_target: float | None = None
                ) -> SearchResult:
         """As :meth:`vindex.Index.search`: each shard's ``k`` nearest, merged exactly (ties
-        to the smaller id). ``stats`` add up the shards' work."""
+        to the smaller id). ``stats`` add up the shards' work. ``threads``, ``rerank`` and
+        ``recall_target`` apply within each shard (a recall target calibrates per replica)."""
         q, k = self._queries(queries), validation.k(k)
+        self.check_queries(q, k, max_postings=max_postings, eps=eps, ef=ef, threads=threads, rerank=rerank,
+                           recall_target=recall_target)
         if filter is not None:
             compile_filter(filter)
         payloads.check_include(include)
         params = {"filter": filter, "include": include, "max_postings": max_postings, "eps": eps, "ef": ef,
-                  "timeout": timeout, "tenant": tenant, "interactive": interactive}
+                  "timeout": timeout, "tenant": tenant, "interactive": interactive, "threads": threads,
+                  "rerank": rerank, "recall_target": recall_target}
         with self._pacing.search(q.shape[0], interactive):
             return merge(self._each_shard("search", q, k, params), k)
 
     def check_queries(self, queries: Any, k: int = 10, *, max_postings: int | None = None,
-                      eps: float | None = None, ef: int | None = None) -> None:
+                      eps: float | None = None, ef: int | None = None, threads: int | None = None,
+                      rerank: int | None = None, recall_target: float | None = None) -> None:
         """Raise what :meth:`search` would raise for these arguments, without searching."""
         self._queries(queries)
-        validation.k(k)
+        k = validation.k(k)
+        if threads is not None:
+            validation.positive_int(threads, "threads", upper=MAX_SEARCH_THREADS)
+        if rerank is not None:
+            validation.rerank(rerank, k)
+        if recall_target is not None:
+            adaptive.check_target(recall_target, self.metric)
         if max_postings is not None:
             validation.positive_int(max_postings, "max_postings", upper=4096)
         if eps is not None:
