@@ -166,6 +166,13 @@ def test_metadata_as_columns_equals_rows(tmp_path) -> None:
             assert [idx.count(c) for c in checks] == expected, name
 
 
+def test_columns_as_rows_for_sharded_writes() -> None:
+    """What a ShardedIndex splits among its shards: columns as one dict per row."""
+    assert payloads.metadata_rows({"a": np.array([1, 2]), "b": ["x", None]}, 2) == [{"a": 1, "b": "x"}, {"a": 2}]
+    assert payloads.metadata_rows([{"a": 1}, None], 2) == [{"a": 1}, None]
+    assert payloads.metadata_rows(None, 2) is None
+
+
 @pytest.mark.parametrize("metadata, error, text", [
     ({"a": [1, 2]}, vindex.LengthMismatchError, "metadata['a']: expected 3 values (one per row), got 2"),
     ({"a": "abc"}, InvalidInputError, "metadata['a']: expected a column of 3 values, got str"),

@@ -55,7 +55,7 @@ def check_include(include: Any) -> frozenset[str]:
     return names
 
 
-def _plain_list(values: Any) -> list:
+def as_list(values: Any) -> list:
     """``values`` as a list; pyarrow and numpy arrays give plain Python values."""
     if hasattr(values, "to_pylist"):
         return values.to_pylist()
@@ -65,7 +65,7 @@ def _plain_list(values: Any) -> list:
 def _per_row(values: Any, n: int, what: str) -> list:
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
         raise InvalidInputError(f"{what}: expected one entry per row (a list of {n}), got {type(values).__name__}")
-    values = _plain_list(values)
+    values = as_list(values)
     if len(values) != n:
         raise LengthMismatchError(f"{what}: expected {n} entries (one per row), got {len(values)}")
     return values
@@ -122,13 +122,25 @@ def check_metadata_rows(metadata: Any, n: int, max_bytes: int) -> Metadata | Non
         encoded = None if groups is None else encode_groups(groups, n, max_bytes)
         if encoded is not None:
             return Metadata(encoded, None, groups)
-        metadata = [{k: v[i] for k, v in zip(names, values) if v[i] is not None} for i in range(n)]
+        metadata = _rows_of_columns(names, values, n)
     rows = _per_row(metadata, n, "metadata")
     fast = encode_batch(rows, max_bytes)
     if fast is not None:
         return Metadata(fast[0], rows, fast[1])
     checked = _encode_rows(rows, "metadata", lambda meta: checked_metadata(meta, max_bytes))
     return Metadata([c and c[0] for c in checked], [c and c[1] for c in checked], None)
+
+
+def metadata_rows(metadata: Any, n: int) -> list[dict | None] | None:
+    """``metadata`` (rows or columns, see ``check_metadata_rows``) as one dict or None per row."""
+    if metadata is None:
+        return None
+    columns = _as_columns(metadata, n)
+    return _per_row(metadata, n, "metadata") if columns is None else _rows_of_columns(*columns, n)
+
+
+def _rows_of_columns(names: list, columns: list[list], n: int) -> list[dict | None]:
+    return [{k: v[i] for k, v in zip(names, columns) if v[i] is not None} for i in range(n)]
 
 
 def _as_columns(metadata: Any, n: int) -> tuple[list, list[list]] | None:
@@ -143,7 +155,7 @@ def _as_columns(metadata: Any, n: int) -> tuple[list, list[list]] | None:
     for name, column in items:
         if isinstance(column, (str, bytes, Mapping)) or not hasattr(column, "__len__"):
             raise InvalidInputError(f"metadata[{name!r}]: expected a column of {n} values, got {type(column).__name__}")
-        values = _plain_list(column)
+        values = as_list(column)
         if len(values) != n:
             raise LengthMismatchError(f"metadata[{name!r}]: expected {n} values (one per row), got {len(values)}")
         names.append(name)

@@ -26,15 +26,16 @@ def check_metadata(meta: object, max_bytes: int) -> bytes:
 
 def checked_metadata(meta: object, max_bytes: int) -> tuple[bytes, dict]:
     """Validate one row's metadata and return its canonical encoding: compact JSON (keys in the
-    caller's order), UTF-8, with the dict it encodes (``meta`` itself, or a copy with numpy
-    scalars and tuples made plain).
+    caller's order), UTF-8, with the dict it encodes (a copy of ``meta``, numpy scalars and
+    tuples made plain).
 
     ``meta`` is a dict with non-empty str keys not starting with '$'; values are str, int
     (int64), finite float, bool, None, lists of those scalars, or dicts of the same shape.
     numpy scalars and tuples are accepted and stored as their JSON equivalents.
     Raises ``InvalidInputError`` naming the offending key, ``PayloadTooLargeError`` when the
     encoding is over ``max_bytes``."""
-    clean = meta if _plain_flat(meta) else _check_dict(meta, "metadata", 0)
+    # a copy either way: what is indexed must be what was encoded, whatever the caller's dict becomes
+    clean = dict(meta) if _plain_flat(meta) else _check_dict(meta, "metadata", 0)  # type: ignore[call-overload]
     try:
         text = _ENCODER.encode(clean)
     except ValueError:  # a non-finite float the quick check let through: the full check names its key
