@@ -187,3 +187,21 @@ def test_bad_metadata_columns_are_named_and_change_nothing(tmp_path, metadata, e
         idx.upsert([7, 8, 9], np.zeros((3, 4), np.float32), metadata=metadata)
     assert text in str(info.value)
     assert len(idx) == 1 and idx.get([7], include=["metadata"]).metadata == [{"k": 1}]
+
+
+def test_sharded_index_takes_metadata_columns(ray_local, tmp_path) -> None:
+    """A ShardedIndex splits columns into rows per shard: the same records as rows."""
+    from vindex.cluster import ShardedIndex
+
+    n = 40
+    x = np.random.default_rng(2).standard_normal((n, 4)).astype(np.float32)
+    columns = {"colour": [["red", "blue"][i % 2] for i in range(n)], "n": np.arange(n), "t": [None] * (n - 1) + ["x"]}
+    sharded = ShardedIndex.create("cols", 4, "l2", shards=2, replicas=1, path=tmp_path / "s", actor_cpus=0.1)
+    try:
+        sharded.upsert(np.arange(n), x, metadata=columns, documents=np.array([f"d{i}" for i in range(n)]))
+        assert sharded.count({"colour": "red", "n": {"$lt": 10}}) == 5
+        got = sharded.get([0, n - 1], include=["metadata", "documents"])
+        assert got.metadata == [{"colour": "red", "n": 0}, {"colour": "blue", "n": n - 1, "t": "x"}]
+        assert got.documents == ["d0", f"d{n - 1}"]
+    finally:
+        sharded.close()
