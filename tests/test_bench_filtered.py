@@ -162,6 +162,7 @@ def test_quick_run_writes_every_case_for_every_engine(tmp_path):
     assert [r["case"] for r in wiki["search"]["summary"]] == names
     assert wiki["upsert"]["plain_rows_s"] > 0
     assert wiki["upsert"]["metadata_rows_s"] > 0
+    assert wiki["upsert"]["columns_rows_s"] > 0
 
 
 def test_summary_takes_vindex_at_its_unfiltered_095_setting_and_peers_at_the_same_recall():

@@ -18,7 +18,7 @@ from .config import APS_CANDIDATES, MAX_SEARCH_THREADS, SMALL_SEARCH_QUERIES, In
 from .engine import Engine
 from .errors import (CorruptionError, IdExistsError, IndexClosedError, InvalidInputError,
                      UnknownIdError, preview)
-from .filters import Filter, compile_filter, decode_metadata
+from .filters import Filter, compile_filter
 from .heads import METRIC_CODES, HeadGraph
 from .idmap import DELETED, IdMap
 from .iosched import IOTargets, yielding_pool
@@ -138,7 +138,8 @@ class Index:
         idkinds.plan_new(table, resolved)
         exts = resolved.exts
         validation.same_length(exts, x)
-        metas = payloads.encode_metadata(metadata, x.shape[0], cfg.max_metadata_bytes)
+        checked = payloads.check_metadata_rows(metadata, x.shape[0], cfg.max_metadata_bytes)
+        metas = None if checked is None else checked.encoded
         docs = payloads.encode_documents(documents, x.shape[0], cfg.max_document_bytes)
         if metas is not None or docs is not None:
             payloads.require_store(cfg.store)
@@ -179,9 +180,8 @@ class Index:
             state.strids.register(resolved.new, 0)
             if metas is not None or docs is not None:
                 state.has_payload = True
-                if metas is not None:
-                    state.payload.set(np.arange(x.shape[0], dtype=np.int64),
-                                      [None if m is None else decode_metadata(m) for m in metas])
+                if checked is not None:
+                    checked.index(state.payload, np.arange(x.shape[0], dtype=np.int64))
             engine = Engine(path, manifest, store, state, seq=0, build_stats=stats)
             engine.checkpoints.save()
             if cfg.store != "memory":
@@ -453,8 +453,10 @@ class Index:
         visible: a search that starts afterwards never sees a replaced vector.
 
         ``metadata``: one dict (JSON-compatible: str keys; str, int, float, bool, None, lists
-        of those, nested dicts) or None per row; ``documents``: one str or None per row. They
-        are written atomically with the vectors. An upsert replaces the whole record: a row
+        of those, nested dicts) or None per row, or columns: a mapping of key to one value per
+        row (a list, numpy array or pyarrow array) or a pyarrow Table, where None (null) leaves
+        the key out of that row; ``documents``: one str or None per row (a list, or a numpy or
+        pyarrow array). They are written atomically with the vectors. An upsert replaces the whole record: a row
         written without metadata or a document has none afterwards (see :meth:`set_metadata`
         to change metadata alone)."""
         self._write(ids, vectors, metadata, documents, replace=True)
@@ -471,7 +473,7 @@ class Index:
         x = self._vectors(vectors, "vectors")
         validation.same_length(resolved.exts, x)
         n = len(resolved)
-        metas = payloads.encode_metadata(metadata, n, self.config.max_metadata_bytes)
+        metas = payloads.check_metadata_rows(metadata, n, self.config.max_metadata_bytes)
         docs = payloads.encode_documents(documents, n, self.config.max_document_bytes)
         if metas is not None or docs is not None:
             payloads.require_store(self.config.store)
@@ -619,7 +621,7 @@ class Index:
         resolved = idkinds.resolve(eng.state.id_type, eng.state.strids, ids)
         n = len(resolved)
         rows = [metadata] * n if isinstance(metadata, dict) else metadata
-        given = payloads.encode_metadata(rows, n, self.config.max_metadata_bytes)
+        given = payloads.check_metadata_rows(rows, n, self.config.max_metadata_bytes)
         payloads.require_store(self.config.store)
         if n == 0:
             return
@@ -633,8 +635,8 @@ class Index:
             metas = given
             if merge:
                 old = payloads.read(eng.store, resolved.exts.tolist(), payloads.META)
-                merged = [{**(o or {}), **decode_metadata(g)} for o, g in zip(old, given)]  # type: ignore[arg-type]
-                metas = payloads.encode_metadata(merged, n, self.config.max_metadata_bytes)
+                merged = [{**(o or {}), **(g or {})} for o, g in zip(old, given.rows)]  # type: ignore[union-attr]
+                metas = payloads.check_metadata_rows(merged, n, self.config.max_metadata_bytes)
             rec, change = writes.plan_set_metadata(eng.state, vids, resolved.exts, metas)  # type: ignore[arg-type]
             eng.commit(change, rec, IOClass.UPDATE)
             seq = eng.seq

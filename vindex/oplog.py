@@ -26,6 +26,9 @@ class Record:
     type: str
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    # what the writer already holds decoded, by the name of the array it is encoded in (never
+    # encoded itself): ``State.apply`` takes it instead of decoding that array again
+    decoded: dict = field(default_factory=dict)
 
 
 def encode(rec: Record) -> bytes:

@@ -9,14 +9,19 @@ travels in the log record, so that replay rebuilds the in-memory payload index (
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .errors import InvalidConfigError, InvalidInputError, LengthMismatchError, PayloadTooLargeError
-from .filters import check_metadata, decode_metadata
+from .filters import PayloadIndex, decode_metadata
+from .filters.flat import FlatGroup, column_groups
+from .filters.metadata import checked_metadata, encode_batch, encode_groups
 
 _KEY = struct.Struct(">QB")
+_KEY_DTYPE = np.dtype([("ext", ">u8"), ("kind", "u1")])  # the same bytes as ``_KEY``
 META, DOC = 0, 1
 #: What ``include`` may name.
 INCLUDABLE = ("metadata", "documents", "vectors")
@@ -50,22 +55,27 @@ def check_include(include: Any) -> frozenset[str]:
     return names
 
 
+def as_list(values: Any) -> list:
+    """``values`` as a list; pyarrow and numpy arrays give plain Python values."""
+    if hasattr(values, "to_pylist"):
+        return values.to_pylist()
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)
+
+
 def _per_row(values: Any, n: int, what: str) -> list:
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
         raise InvalidInputError(f"{what}: expected one entry per row (a list of {n}), got {type(values).__name__}")
-    values = list(values)
+    values = as_list(values)
     if len(values) != n:
         raise LengthMismatchError(f"{what}: expected {n} entries (one per row), got {len(values)}")
     return values
 
 
-def _encode_rows(values: Any, n: int, what: str, encode: Callable[[Any], bytes]) -> list[bytes | None] | None:
-    """``encode`` of each row's value (None stays None); None when ``values`` is. An error
-    names the row: ``what[i]: ...``."""
-    if values is None:
-        return None
-    out: list[bytes | None] = []
-    for i, value in enumerate(_per_row(values, n, what)):
+def _encode_rows(values: list, what: str, encode: Callable[[Any], Any]) -> list:
+    """``encode`` of each row's value (None stays None). An error names the row:
+    ``what[i]: ...``."""
+    out: list = []
+    for i, value in enumerate(values):
         try:
             out.append(None if value is None else encode(value))
         except InvalidInputError as exc:
@@ -73,13 +83,105 @@ def _encode_rows(values: Any, n: int, what: str, encode: Callable[[Any], bytes])
     return out
 
 
+@dataclass
+class Metadata:
+    """A batch's metadata, checked: each row's stored form (compact JSON; None: no metadata),
+    and the rows as they are for the payload index, which need not decode them again: as flat
+    groups when they all are (``filters.flat``), else as dicts. ``rows`` is None for metadata
+    given as columns."""
+
+    encoded: list[bytes | None]
+    rows: list[dict | None] | None
+    groups: list[FlatGroup] | None
+
+    @classmethod
+    def none(cls, n: int) -> "Metadata":
+        """``n`` rows without metadata."""
+        return cls([None] * n, [None] * n, [])
+
+    def index(self, payload: PayloadIndex, vids: np.ndarray) -> None:
+        """Make these the metadata of ``vids`` (distinct) in ``payload``."""
+        if self.groups is not None:
+            payload.set_groups(vids, self.groups)
+        else:
+            payload.set(vids, self.rows)  # type: ignore[arg-type]
+
+
+def check_metadata_rows(metadata: Any, n: int, max_bytes: int) -> Metadata | None:
+    """``metadata`` checked and encoded; None when it is None. It is one dict or None per
+    row, or columns: a mapping of key to ``n`` values (a list, numpy array or pyarrow array)
+    or a pyarrow Table, where None (null) leaves the key out of that row. Flat rows take a
+    columnar path (``filters.metadata``); others, and any batch with an invalid row, are
+    checked row by row (which names the row and the problem)."""
+    if metadata is None:
+        return None
+    columns = _as_columns(metadata, n)
+    if columns is not None:
+        names, values = columns
+        groups = column_groups(names, values, n)
+        encoded = None if groups is None else encode_groups(groups, n, max_bytes)
+        if encoded is not None:
+            return Metadata(encoded, None, groups)
+        metadata = _rows_of_columns(names, values, n)
+    rows = _per_row(metadata, n, "metadata")
+    fast = encode_batch(rows, max_bytes)
+    if fast is not None:
+        return Metadata(fast[0], rows, fast[1])
+    checked = _encode_rows(rows, "metadata", lambda meta: checked_metadata(meta, max_bytes))
+    return Metadata([c and c[0] for c in checked], [c and c[1] for c in checked], None)
+
+
+def metadata_rows(metadata: Any, n: int) -> list[dict | None] | None:
+    """``metadata`` (rows or columns, see ``check_metadata_rows``) as one dict or None per row."""
+    if metadata is None:
+        return None
+    columns = _as_columns(metadata, n)
+    return _per_row(metadata, n, "metadata") if columns is None else _rows_of_columns(*columns, n)
+
+
+def _rows_of_columns(names: list, columns: list[list], n: int) -> list[dict | None]:
+    return [{k: v[i] for k, v in zip(names, columns) if v[i] is not None} for i in range(n)]
+
+
+def _as_columns(metadata: Any, n: int) -> tuple[list, list[list]] | None:
+    """``(keys, each key's n values as a list)`` of metadata given as columns; None for rows."""
+    if isinstance(metadata, Mapping):
+        items = list(metadata.items())
+    elif hasattr(metadata, "column_names") and hasattr(metadata, "column"):  # a pyarrow Table or RecordBatch
+        items = [(name, metadata.column(i)) for i, name in enumerate(metadata.column_names)]
+    else:
+        return None
+    names, columns = [], []
+    for name, column in items:
+        if isinstance(column, (str, bytes, Mapping)) or not hasattr(column, "__len__"):
+            raise InvalidInputError(f"metadata[{name!r}]: expected a column of {n} values, got {type(column).__name__}")
+        values = as_list(column)
+        if len(values) != n:
+            raise LengthMismatchError(f"metadata[{name!r}]: expected {n} values (one per row), got {len(values)}")
+        names.append(name)
+        columns.append(values)
+    return names, columns
+
+
 def encode_metadata(metadata: Any, n: int, max_bytes: int) -> list[bytes | None] | None:
     """Each row's metadata as compact JSON (None: no metadata); None when ``metadata`` is."""
-    return _encode_rows(metadata, n, "metadata", lambda meta: check_metadata(meta, max_bytes))
+    checked = check_metadata_rows(metadata, n, max_bytes)
+    return None if checked is None else checked.encoded
 
 
 def encode_documents(documents: Any, n: int, max_bytes: int) -> list[bytes | None] | None:
     """Each row's document as UTF-8 (None: no document); None when ``documents`` is."""
+    if documents is None:
+        return None
+    docs = _per_row(documents, n, "documents")
+    if all(type(doc) is str for doc in docs):  # the common case, encoded at C speed
+        try:
+            raw = list(map(str.encode, docs))
+        except UnicodeEncodeError:
+            raw = None  # row by row below names the row
+        if raw is not None and (not raw or max(map(len, raw)) <= max_bytes):
+            return raw  # type: ignore[return-value]
+
     def encode(doc: Any) -> bytes:
         if not isinstance(doc, str):
             raise InvalidInputError(f"expected a str or None, got {type(doc).__name__}")
@@ -91,7 +193,7 @@ def encode_documents(documents: Any, n: int, max_bytes: int) -> list[bytes | Non
             raise PayloadTooLargeError(f"{len(raw)} bytes of UTF-8, over the limit of {max_bytes} (max_document_bytes)")
         return raw
 
-    return _encode_rows(documents, n, "documents", encode)
+    return _encode_rows(docs, "documents", encode)
 
 
 def pack(values: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
@@ -111,10 +213,17 @@ def unpack(data: np.ndarray, offsets: np.ndarray) -> list[bytes | None]:
 def puts(exts: np.ndarray, kind: int, values: Sequence[bytes | None] | None) -> dict[bytes, bytes | None]:
     """Store puts (deletes for None) of one kind of value for ``exts``; a whole kind left out
     (``values`` None) deletes it too: an upsert replaces the record."""
-    ext_list = exts.tolist()
-    if values is None:
-        return {key(e, kind): None for e in ext_list}
-    return {key(e, kind): v for e, v in zip(ext_list, values)}
+    keys = _keys(exts, kind)
+    return dict.fromkeys(keys) if values is None else dict(zip(keys, values))
+
+
+def _keys(exts: np.ndarray, kind: int) -> list[bytes]:
+    """``key(e, kind)`` of every ``e`` in ``exts``, packed by numpy."""
+    packed = np.empty(len(exts), _KEY_DTYPE)
+    packed["ext"], packed["kind"] = exts, kind
+    raw = packed.tobytes()
+    size = _KEY_DTYPE.itemsize
+    return [raw[i:i + size] for i in range(0, len(raw), size)]
 
 
 def read(store: Any, exts: Sequence[int], kind: int) -> list[Any]:

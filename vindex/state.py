@@ -118,7 +118,7 @@ class State:
             idm.set_versions(old, a["u_versions"][~new])
             idm.home[vids] = a["u_home"]
             if "u_meta_off" in a:
-                self._set_metadata(vids, a["u_meta"], a["u_meta_off"])
+                self._set_metadata(vids, rec, "u_meta")
         if "d_vids" in a:
             vids = a["d_vids"].astype(np.int64)
             self._count_garbage(vids)
@@ -132,8 +132,14 @@ class State:
         if "gc_pids" in a:
             self.garbage[a["gc_pids"].astype(np.int64)] = 0
         if "p_vids" in a:
-            self._set_metadata(a["p_vids"].astype(np.int64), a["p_meta"], a["p_meta_off"])
+            self._set_metadata(a["p_vids"].astype(np.int64), rec, "p_meta")
 
-    def _set_metadata(self, vids: np.ndarray, data: np.ndarray, offsets: np.ndarray) -> None:
-        metas = [None if b is None else decode_metadata(b) for b in payloads.unpack(data, offsets)]
-        self.payload.set(vids, metas)
+    def _set_metadata(self, vids: np.ndarray, rec: Record, name: str) -> None:
+        """Index the metadata of ``rec``'s array ``name`` (with its ``_off``sets) as ``vids``'s:
+        as the writer handed it over (``payloads.Metadata``), or decoded (replay)."""
+        given = rec.decoded.get(name)
+        if given is not None:
+            given.index(self.payload, vids)
+            return
+        data = payloads.unpack(rec.arrays[name], rec.arrays[name + "_off"])
+        self.payload.set(vids, [None if b is None else decode_metadata(b) for b in data])

@@ -216,22 +216,29 @@ def attach_ids(rec: oplog.Record, state: State, id_type: str, new_strs: list[str
 
 
 def attach_payload(rec: oplog.Record, change: Change, state: State, exts: np.ndarray,
-                   metas: list[bytes | None] | None, docs: list[bytes | None] | None) -> None:
+                   metas: payloads.Metadata | None, docs: list[bytes | None] | None) -> None:
     """Add an upsert's metadata and documents to its record and change. An upsert replaces the
     whole record: once the index holds any, rows written without them lose theirs."""
     given = metas is not None or docs is not None
     if not (given or state.has_payload):
         return
-    rec.arrays["u_meta"], rec.arrays["u_meta_off"] = payloads.pack(metas or [None] * exts.shape[0])
-    change.payload.update(payloads.puts(exts, payloads.META, metas))
+    _attach_metadata(rec, "u_meta", metas or payloads.Metadata.none(exts.shape[0]))
+    change.payload.update(payloads.puts(exts, payloads.META, None if metas is None else metas.encoded))
     change.payload.update(payloads.puts(exts, payloads.DOC, docs))
     if given:
         rec.meta["payload"] = True
 
 
-def plan_set_metadata(state: State, vids: np.ndarray, exts: np.ndarray, metas: list[bytes]
+def plan_set_metadata(state: State, vids: np.ndarray, exts: np.ndarray, metas: payloads.Metadata
                       ) -> tuple[oplog.Record, Change]:
-    """Give live ``vids`` (ids ``exts``) new metadata (compact JSON each)."""
-    data, offsets = payloads.pack(metas)
-    rec = oplog.Record("metadata", {"p_vids": vids, "p_meta": data, "p_meta_off": offsets}, {"payload": True})
-    return rec, Change(payload=payloads.puts(exts, payloads.META, metas))
+    """Give live ``vids`` (ids ``exts``) new metadata."""
+    rec = oplog.Record("metadata", {"p_vids": vids}, {"payload": True})
+    _attach_metadata(rec, "p_meta", metas)
+    return rec, Change(payload=payloads.puts(exts, payloads.META, metas.encoded))
+
+
+def _attach_metadata(rec: oplog.Record, name: str, metas: payloads.Metadata) -> None:
+    """``metas`` as ``rec``'s arrays ``name`` and ``name_off`` (replay decodes them), and as
+    they are for applying ``rec`` now."""
+    rec.arrays[name], rec.arrays[name + "_off"] = payloads.pack(metas.encoded)
+    rec.decoded[name] = metas

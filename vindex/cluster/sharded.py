@@ -300,8 +300,8 @@ class ShardedIndex:
         payloads.encode_documents(documents, n, self.config.max_document_bytes)
         if n == 0:
             return
-        metas = None if metadata is None else list(metadata)
-        docs = None if documents is None else list(documents)
+        metas = payloads.metadata_rows(metadata, n)  # columns too
+        docs = None if documents is None else payloads.as_list(documents)
         writes = {}
         for s, rows, sub in self._split(resolved):
             pick = rows.tolist()

@@ -9,7 +9,7 @@ holds the old arrays keeps reading valid (if stale) data.
 from __future__ import annotations
 
 import sys
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -89,6 +89,15 @@ class Column:
             # a list slot and a dict entry besides the object itself (an estimate for nbytes)
             self.dictionary_bytes += sys.getsizeof(value) + 40
         return code + 1
+
+    def codes_of(self, values: Sequence[Keyword]) -> np.ndarray:
+        """The 1-based codes (int32) of ``values``, new ones added to the dictionary in order of
+        first appearance (as ``code_of`` one at a time would)."""
+        codes = self.codes
+        for value in dict.fromkeys(values):
+            if value not in codes:
+                self.code_of(value)
+        return np.fromiter(map(codes.__getitem__, values), np.int32, len(values)) + 1
 
     def lookup(self, value: Keyword) -> int:
         """The 1-based code of ``value``, 0 when no row ever held it."""

@@ -14,6 +14,7 @@ import numpy as np
 from vindex.errors import InvalidInputError
 from vindex.filters.columns import Column, Lists, compact_lists, entry_ranges
 from vindex.filters.evaluate import AllRows, SomeRows, evaluate
+from vindex.filters.flat import KEYWORD, NUMBER, FlatGroup, flat_groups
 from vindex.filters.language import Filter
 
 Path = tuple[str, ...]
@@ -23,7 +24,8 @@ _COMPACT_DEAD_SHARE = 0.5
 
 
 class _Plan:
-    """The new values of one path for the rows of one ``set`` call (positions into its vids)."""
+    """The new values of one path for the rows of one ``set`` call (positions into its vids):
+    lists, or arrays when planned from flat groups."""
 
     def __init__(self) -> None:
         self.kw_pos: list[int] = []
@@ -52,7 +54,7 @@ class PayloadIndex:
     def set(self, vids: np.ndarray, metas: Sequence[dict | None]) -> None:
         """Replace the metadata of rows ``vids`` (None: none). A vid given twice keeps its last
         metadata. Raises ``InvalidInputError`` (changing nothing) on a value that is not JSON
-        metadata (see ``check_metadata``)."""
+        metadata (see ``check_metadata``). Flat rows are indexed a column at a time."""
         vids = np.asarray(vids, np.int64).ravel()
         if len(vids) != len(metas):
             raise InvalidInputError(f"payload: {len(vids)} vids but {len(metas)} metadata entries")
@@ -61,7 +63,21 @@ class PayloadIndex:
         if vids.min() < 0:
             raise InvalidInputError(f"payload: vids must be non-negative, got {int(vids.min())}")
         vids, metas = _last_of_each(vids, metas)
-        plans = self._plan(metas)  # every check before the first write
+        groups = flat_groups(metas)
+        # every check before the first write
+        self._apply(vids, self._plan(metas) if groups is None else self._plan_flat(groups))
+
+    def set_groups(self, vids: np.ndarray, groups: list[FlatGroup]) -> None:
+        """Replace the metadata of distinct rows ``vids``: those at a group's positions get
+        its rows (see ``filters.flat``), the others none."""
+        vids = np.asarray(vids, np.int64).ravel()
+        if len(vids) == 0:
+            return
+        if vids.min() < 0 or len(np.unique(vids)) != len(vids):
+            raise InvalidInputError("payload: vids must be distinct and non-negative")
+        self._apply(vids, self._plan_flat(groups))
+
+    def _apply(self, vids: np.ndarray, plans: dict[Path, _Plan]) -> None:
         for path in plans:
             self._column(path)
         self._reserve(int(vids.max()) + 1)
@@ -109,6 +125,37 @@ class PayloadIndex:
             if not isinstance(meta, dict):
                 raise InvalidInputError(f"payload: metadata must be a dict or None, got {type(meta).__name__}")
             self._plan_dict(meta, (), pos, plans)
+        return plans
+
+    def _plan_flat(self, groups: list[FlatGroup]) -> dict[Path, _Plan]:
+        """The plans of flat rows, a column at a time: numbers as one array, keywords coded by
+        the dictionary at once."""
+        parts: dict[Path, list[tuple[np.ndarray, tuple, frozenset]]] = {}
+        for group in groups:
+            for key, values, kinds in zip(group.keys, group.columns, group.kinds):
+                parts.setdefault((key,), []).append((group.positions, values, kinds))
+        plans: dict[Path, _Plan] = {}
+        for path, columns in parts.items():
+            column = self._column(path)
+            kw_pos, kw_codes, num_pos, num_values = [], [], [], []
+            for positions, values, kinds in columns:
+                if kinds <= KEYWORD:
+                    kw_pos.append(positions)
+                    kw_codes.append(column.codes_of(values))
+                elif kinds <= NUMBER:
+                    num_pos.append(positions)
+                    num_values.append(np.array(values, np.float64))
+                else:  # keywords and numbers in one column: split
+                    keyword = np.fromiter((type(v) in KEYWORD for v in values), bool, len(values))
+                    kw_pos.append(positions[keyword])
+                    kw_codes.append(column.codes_of([v for v, k in zip(values, keyword) if k]))
+                    num_pos.append(positions[~keyword])
+                    num_values.append(np.array([v for v, k in zip(values, keyword) if not k], np.float64))
+            plan = plans[path] = _Plan()
+            if kw_pos:
+                plan.kw_pos, plan.kw_codes = np.concatenate(kw_pos), np.concatenate(kw_codes)
+            if num_pos:
+                plan.num_pos, plan.num_values = np.concatenate(num_pos), np.concatenate(num_values)
         return plans
 
     def _plan_dict(self, meta: dict, prefix: Path, pos: int, plans: dict[Path, _Plan]) -> None:
@@ -164,21 +211,21 @@ class PayloadIndex:
 
     def _write(self, column: Column, vids: np.ndarray, plan: _Plan | None) -> None:
         m = len(vids)
-        if plan is not None and plan.kw_pos:
+        if plan is not None and len(plan.kw_pos):
             column.ensure_kw()
         if column.kw is not None:
             codes = np.zeros(m, np.int32)
             if plan is not None:
                 codes[plan.kw_pos] = plan.kw_codes
             column.kw[vids] = codes
-        if plan is not None and plan.num_pos:
+        if plan is not None and len(plan.num_pos):
             column.ensure_num()
         if column.num is not None:
             numbers = np.full(m, np.nan)
             if plan is not None:
                 numbers[plan.num_pos] = plan.num_values
             column.num[vids] = numbers
-        if plan is not None and plan.list_pos:
+        if plan is not None and len(plan.list_pos):
             column.ensure_lists()
         if column.lists is not None:
             column.lists = _write_lists(column.lists, vids, plan)
@@ -194,7 +241,7 @@ def _write_lists(lists: Lists, vids: np.ndarray, plan: _Plan | None) -> Lists:
     starts = np.full(len(vids), -1, np.int64)
     counts = np.zeros(len(vids), np.int32)
     size = lists.size
-    if plan is not None and plan.list_pos:
+    if plan is not None and len(plan.list_pos):
         pos = np.asarray(plan.list_pos, np.int64)
         row_counts = np.asarray(plan.list_counts, np.int64)
         new = int(row_counts.sum())
