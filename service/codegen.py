@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 
@@ -36,6 +37,21 @@ def generate(out_dir: str) -> None:
         f.write(text.replace("import vindex_pb2 as vindex__pb2", "from . import vindex_pb2 as vindex__pb2"))
 
 
+#: What the generator writes about its own version (grpcio-tools and protobuf): a fresh install
+#: may bring a newer patch release, which is no reason to call the committed stubs stale.
+_TOOL_VERSIONS = [
+    (re.compile(r"^GRPC_GENERATED_VERSION = '[^']*'$", re.M), "GRPC_GENERATED_VERSION = ?"),
+    (re.compile(r"^# Protobuf Python Version: .*$", re.M), "# Protobuf Python Version: ?"),
+    (re.compile(r"ValidateProtobufRuntimeVersion\([^)]*\)"), "ValidateProtobufRuntimeVersion(?)"),
+]
+
+
+def _without_tool_versions(text: str) -> str:
+    for pattern, placeholder in _TOOL_VERSIONS:
+        text = pattern.sub(placeholder, text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="compare with the committed stubs instead of writing")
@@ -50,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(os.path.join(tmp, name)) as a:
                 fresh = a.read()
             path = os.path.join(HERE, name)
-            if not os.path.exists(path) or open(path).read() != fresh:
+            if not os.path.exists(path) or _without_tool_versions(open(path).read()) != _without_tool_versions(fresh):
                 stale.append(name)
     if stale:
         print(f"stale generated stubs: {', '.join(stale)}; run python -m vindex.service.codegen", file=sys.stderr)
