@@ -37,16 +37,28 @@ _pwrite.restype = ctypes.c_ssize_t
 _pwrite.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64)
 
 
+#: How far past the quantizer's range (in steps) a value may lie and still be coded. A
+#: value clipped further would misplace its record (vectors that drifted past the trained
+#: range all share the end code, and their estimates tie), so its posting is not coded.
+CLIP_STEPS = 1.0
+
+
 @nb.njit(**_q)
 def encode(recs_u, recs_f, lo, inv_scale, out_u, out_b):
     """Code records of float32 records ``recs_u``/``recs_f`` (``(n, dim + 2)`` views of the
-    same rows) into ``out_u``/``out_b`` (``(n, words)`` uint32 and its bytes)."""
+    same rows) into ``out_u``/``out_b`` (``(n, words)`` uint32 and its bytes). Returns per
+    record whether a value lay more than ``CLIP_STEPS`` outside the range (clipped)."""
     dim = lo.shape[0]
+    clipped = np.zeros(recs_u.shape[0], dtype=np.bool_)
+    low = np.float32(-CLIP_STEPS + 0.5)
+    high = np.float32(255.5 + CLIP_STEPS)
     for e in range(recs_u.shape[0]):
         out_u[e, 0] = recs_u[e, 0]
         out_u[e, 1] = recs_u[e, 1]
         for d in range(dim):
             c = (recs_f[e, 2 + d] - lo[d]) * inv_scale[d] + np.float32(0.5)
+            if not (c >= low and c <= high):  # (NaN never reaches a store)
+                clipped[e] = True
             if c < 0:
                 c = 0
             elif c > 255:
@@ -54,6 +66,7 @@ def encode(recs_u, recs_f, lo, inv_scale, out_u, out_b):
             out_b[e, HEADER_BYTES + d] = np.uint8(c)
         for d in range(HEADER_BYTES + dim, out_b.shape[1]):
             out_b[e, d] = 0
+    return clipped
 
 
 @nb.njit(**_q)

@@ -77,6 +77,23 @@ def test_deleted_and_replaced_never_come_back_through_codes(built):
     assert _store(index)["code_reads"] > reads
 
 
+def test_vectors_past_the_quantizers_range_are_found(tmp_path):
+    """Vectors written far outside the range the quantizer was trained on would all get the
+    range's end code and tie; their postings are scanned as float32 instead (the service's
+    concurrent-clients test once missed replaced vectors this way)."""
+    x = np.random.default_rng(0).standard_normal((2000, 32)).astype(np.float32)
+    index = vindex.Index.create(tmp_path / "d", dim=32, posting_limit_bytes=4096)
+    index.upsert(np.arange(2000), x)
+    exact = dict(max_postings=4096, eps=float("inf"))
+    for lo in range(0, 500, 100):
+        ids = np.arange(lo, lo + 100)
+        index.upsert(ids, x[ids] + 100.0)
+        for nq in (1, 5):
+            assert index.search(x[lo:lo + nq] + 100.0, 1, **exact).ids[:, 0].tolist() == ids[:nq].tolist()
+    assert _store(index)["codes_refused"] > 0 and _store(index)["code_reads"] > 0
+    index.close()
+
+
 def test_codes_follow_appends_and_splits(tmp_path, bigann):
     base = bigann["base"][:6000].astype(np.float32)
     index = vindex.Index.build(tmp_path / "g", base[:2000], **SMALL_RESIDENT)

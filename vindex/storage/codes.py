@@ -22,7 +22,10 @@ the codes at open, so a crash between a commit and its ``pwrite`` costs nothing.
 
 The quantizer (per-dimension ``lo`` and ``scale``) is trained on the first records the
 store codes: the build's postings, or at open the first postings read; values outside its
-range are clipped (the rerank is exact).
+range by up to a step are clipped (the rerank is exact); a posting holding a record further
+out (the data drifted past what the quantizer saw) is not coded, so a search scans it as
+float32: its codes would all sit at the range's end, tie, and leave the true neighbours out
+of the rerank (``stats()["codes_refused"]`` counts such postings).
 """
 from __future__ import annotations
 
@@ -102,6 +105,7 @@ class PostingCodes:
         self.code_reads = 0  # postings scanned as codes
         self.rerank_reads = 0  # vectors read for reranks
         self.build_seconds = 0.0  # the last ``RocksStore.build_codes``
+        self.refused = 0  # postings not coded: a record outside the quantizer's range
 
     @property
     def ready(self) -> bool:
@@ -119,23 +123,33 @@ class PostingCodes:
         scale = np.maximum((hi - lo) / 255.0, 1e-12).astype(np.float32)
         self.scale, self.inv_scale, self.lo = scale, (1.0 / scale).astype(np.float32), lo.astype(np.float32)
 
-    def encode(self, data: np.ndarray) -> np.ndarray:
-        """Code records of record bytes ``data`` (uint8), as bytes; writes their vectors too."""
+    def encode(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Code records of record bytes ``data`` (uint8): ``(codes as bytes, clipped per
+        record)`` (see ``native.codes.encode``); writes their vectors too."""
         recs_f, recs_u = record_view(data, self.dim)
         self.train(recs_f)
         self.vectors.write(recs_u, recs_f)
         out = np.empty((recs_u.shape[0], self.words), dtype=np.uint32)
-        native.codes.encode(recs_u, recs_f, self.lo, self.inv_scale, out, out.view(np.uint8))
-        return out.reshape(-1).view(np.uint8)
+        clipped = native.codes.encode(recs_u, recs_f, self.lo, self.inv_scale, out, out.view(np.uint8))
+        return out.reshape(-1).view(np.uint8), clipped
 
-    def encode_each(self, pieces: list[np.ndarray]) -> list[np.ndarray]:
+    def encode_each(self, pieces: list[np.ndarray]) -> list[np.ndarray | None]:
         """``encode`` of each piece of record bytes, in one kernel call for all (a commit
-        appends to a thousand postings: a call each cost an ingest a quarter of its rate)."""
+        appends to a thousand postings: a call each cost an ingest a quarter of its rate);
+        None for a piece with a record outside the quantizer's range: such a posting is
+        scanned as float32, never as codes whose estimates would misplace it."""
         if not pieces:
             return []
-        coded = self.encode(np.concatenate(pieces))
+        coded, clipped = self.encode(np.concatenate(pieces))
         rows = np.cumsum([len(p) for p in pieces[:-1]], dtype=np.int64) // (4 * (self.dim + 2))
-        return np.split(coded, rows * (4 * self.words))
+        out = np.split(coded, rows * (4 * self.words))
+        if clipped.any():
+            upto = np.concatenate([[0], np.cumsum(clipped)])
+            bounds = np.concatenate([[0], rows, [clipped.shape[0]]])
+            bad = upto[bounds[1:]] > upto[bounds[:-1]]
+            self.refused += int(np.count_nonzero(bad))
+            out = [None if b else c for c, b in zip(out, bad.tolist())]
+        return out
 
     def keep(self, entries: list[tuple[int, int, int, np.ndarray]]) -> None:
         """Code and keep whole postings ``(pid, span word, generation, record bytes)`` (none
@@ -146,7 +160,8 @@ class PostingCodes:
                 if self.lo is None:
                     return
             coded = self.encode_each([e[3] for e in entries])
-            self.ring.keep([(pid, span, gen, True, c) for (pid, span, gen, _), c in zip(entries, coded)], evict=True)
+            self.ring.keep([(pid, span, gen, True, c) for (pid, span, gen, _), c in zip(entries, coded)
+                            if c is not None], evict=True)
 
     def extend(self, appends: list[tuple[int, int, int, int, np.ndarray]]) -> None:
         """Postings ``(pid, span before, span after, generation, appended record bytes)``: the
@@ -165,7 +180,8 @@ class PostingCodes:
                     stale.append(a[0])
             coded = self.encode_each([a[4] for a, _ in current])
             entries = [(pid, after, gen, True, np.concatenate([old, c]))
-                       for ((pid, _, after, gen, _), old), c in zip(current, coded)]
+                       for ((pid, _, after, gen, _), old), c in zip(current, coded) if c is not None]
+            stale += [a[0] for (a, _), c in zip(current, coded) if c is None]
         finally:
             self.ring.release(token)
         self.ring.forget(stale)
@@ -175,7 +191,8 @@ class PostingCodes:
     def stats(self) -> dict:
         return {"codes_bytes": self.ring.live_bytes, "codes_allocated_bytes": self.ring.allocated_bytes,
                 "code_reads": self.code_reads, "rerank_reads": self.rerank_reads,
-                "vector_file_bytes": self.vectors.file_bytes, "codes_build_seconds": self.build_seconds}
+                "vector_file_bytes": self.vectors.file_bytes, "codes_build_seconds": self.build_seconds,
+                "codes_refused": self.refused}
 
     def close(self) -> None:
         self.ring = KeptPostings(0, self.words * 4)
