@@ -94,6 +94,31 @@ def test_vectors_past_the_quantizers_range_are_found(tmp_path):
     index.close()
 
 
+def test_a_quantizer_past_which_data_drifted_is_trained_again(tmp_path):
+    """A stream that leaves the range the quantizer saw (the build's region, then a far one):
+    the postings past it are refused until enough are, then a wider quantizer is trained and
+    every posting coded again, and the far region's postings are scanned as codes."""
+    rng = np.random.default_rng(1)
+    near = rng.standard_normal((2000, 32)).astype(np.float32)
+    far = rng.standard_normal((6000, 32)).astype(np.float32) + 20.0
+    index = vindex.Index.build(tmp_path / "t", near, **SMALL_RESIDENT)
+    for lo in range(0, 4000, 500):
+        index.upsert(np.arange(2000 + lo, 2500 + lo), far[lo:lo + 500])
+    assert index.wait_idle(timeout=60)
+    store = _store(index)
+    assert store["codes_retrains"] >= 1 and store["codes_refused"] >= 64
+    refused = store["codes_refused"]
+    index.upsert(np.arange(6000, 8000), far[4000:])  # inside the widened range: nothing refused
+    assert index.wait_idle(timeout=60)
+    assert _store(index)["codes_refused"] == refused
+    reads = _store(index)["code_reads"]
+    queries = far[::150]
+    got = _singles(index, queries, k=1, max_postings=8)
+    assert _store(index)["code_reads"] > reads
+    assert (got[:, 0] == 2000 + np.arange(0, 6000, 150)).all()
+    index.close()
+
+
 def test_codes_follow_appends_and_splits(tmp_path, bigann):
     base = bigann["base"][:6000].astype(np.float32)
     index = vindex.Index.build(tmp_path / "g", base[:2000], **SMALL_RESIDENT)

@@ -48,6 +48,13 @@ TRAIN_RECORDS = 65536
 MIN_TRAIN_RECORDS = 1000
 #: vids the vector file's version table grows by at least.
 MIN_VIDS = 1024
+#: Postings refused (a record past the range) since the quantizer was trained that make the
+#: store train a wider one and code every posting again (``wants_retrain``): at least this
+#: many, and at least ``RETRAIN_SHARE`` of the postings coded meanwhile. Data that drifts
+#: past the range (a stream whose first records were one region) would otherwise leave ever
+#: more postings uncoded.
+RETRAIN_MIN_REFUSED = 64
+RETRAIN_SHARE = 0.02
 
 
 def code_words(dim: int) -> int:
@@ -93,12 +100,13 @@ class VectorFile:
 class PostingCodes:
     """int8 codes of postings in a ring of ``cap_bytes``, their quantizer, and the vector file."""
 
-    def __init__(self, cap_bytes: int, dim: int, vectors_path: str):
+    def __init__(self, cap_bytes: int, dim: int, vectors: str | VectorFile):
+        self.cap_bytes = cap_bytes
         self.dim = dim
         self.words = code_words(dim)
         self.ring = KeptPostings(cap_bytes, self.words * 4)
         self.ring_b = self.ring.rows.view(np.uint8)
-        self.vectors = VectorFile(vectors_path, dim)
+        self.vectors = vectors if isinstance(vectors, VectorFile) else VectorFile(vectors, dim)
         self.lo: np.ndarray | None = None
         self.scale: np.ndarray | None = None
         self.inv_scale: np.ndarray | None = None
@@ -106,6 +114,10 @@ class PostingCodes:
         self.rerank_reads = 0  # vectors read for reranks
         self.build_seconds = 0.0  # the last ``RocksStore.build_codes``
         self.refused = 0  # postings not coded: a record outside the quantizer's range
+        self.retrains = 0  # quantizers trained again (``successor``)
+        self._coded_since = 0  # postings coded, and refused, since the quantizer was trained
+        self._refused_since = 0
+        self._seen: tuple[np.ndarray, np.ndarray] | None = None  # the range of the refused records
 
     @property
     def ready(self) -> bool:
@@ -117,7 +129,9 @@ class PostingCodes:
             return
         step = max(1, recs_f.shape[0] // TRAIN_RECORDS)
         x = recs_f[::step, 2:]
-        lo, hi = x.min(axis=0), x.max(axis=0)
+        self._fit(x.min(axis=0), x.max(axis=0))
+
+    def _fit(self, lo: np.ndarray, hi: np.ndarray) -> None:
         pad = (hi - lo) * RANGE_MARGIN
         lo, hi = lo - pad, hi + pad
         scale = np.maximum((hi - lo) / 255.0, 1e-12).astype(np.float32)
@@ -143,13 +157,38 @@ class PostingCodes:
         coded, clipped = self.encode(np.concatenate(pieces))
         rows = np.cumsum([len(p) for p in pieces[:-1]], dtype=np.int64) // (4 * (self.dim + 2))
         out = np.split(coded, rows * (4 * self.words))
+        self._coded_since += len(pieces)
         if clipped.any():
             upto = np.concatenate([[0], np.cumsum(clipped)])
             bounds = np.concatenate([[0], rows, [clipped.shape[0]]])
             bad = upto[bounds[1:]] > upto[bounds[:-1]]
-            self.refused += int(np.count_nonzero(bad))
+            refused = int(np.count_nonzero(bad))
+            self.refused += refused
+            self._refused_since += refused
+            x = record_view(np.concatenate(pieces), self.dim)[0][clipped, 2:]
+            lo, hi = x.min(axis=0), x.max(axis=0)
+            if self._seen is not None:
+                lo, hi = np.minimum(lo, self._seen[0]), np.maximum(hi, self._seen[1])
+            self._seen = lo, hi
             out = [None if b else c for c, b in zip(out, bad.tolist())]
         return out
+
+    @property
+    def wants_retrain(self) -> bool:
+        """Enough postings were refused since the quantizer was trained to train a wider one."""
+        return (self._seen is not None and self._refused_since >= RETRAIN_MIN_REFUSED
+                and self._refused_since >= RETRAIN_SHARE * self._coded_since)
+
+    def successor(self) -> "PostingCodes":
+        """Empty codes of the same capacity and vector file, their quantizer's range widened
+        to the records this one refused (the caller codes every posting again)."""
+        nxt = PostingCodes(self.cap_bytes, self.dim, self.vectors)
+        hi = self.lo + 255.0 * self.scale
+        seen_lo, seen_hi = self._seen
+        nxt._fit(np.minimum(self.lo, seen_lo), np.maximum(hi, seen_hi))
+        nxt.refused, nxt.retrains = self.refused, self.retrains + 1
+        nxt.code_reads, nxt.rerank_reads = self.code_reads, self.rerank_reads
+        return nxt
 
     def keep(self, entries: list[tuple[int, int, int, np.ndarray]]) -> None:
         """Code and keep whole postings ``(pid, span word, generation, record bytes)`` (none
@@ -192,7 +231,7 @@ class PostingCodes:
         return {"codes_bytes": self.ring.live_bytes, "codes_allocated_bytes": self.ring.allocated_bytes,
                 "code_reads": self.code_reads, "rerank_reads": self.rerank_reads,
                 "vector_file_bytes": self.vectors.file_bytes, "codes_build_seconds": self.build_seconds,
-                "codes_refused": self.refused}
+                "codes_refused": self.refused, "codes_retrains": self.retrains}
 
     def close(self) -> None:
         self.ring = KeptPostings(0, self.words * 4)

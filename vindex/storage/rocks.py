@@ -41,6 +41,7 @@ own buffer. Compaction is rate-limited and runs in RocksDB's low-priority pool.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import struct
@@ -63,6 +64,8 @@ from .directory import Lengths
 from .diskfull import NO_SPACE_ERRNOS, HandleGate, free_bytes, no_space_errno, wal_bytes
 from .codes import PostingCodes
 from .kept import GEN, INITIAL_BYTES, ROWS, SEQ, SPAN, START, KeptPostings
+
+log = logging.getLogger(__name__)
 
 _CFS = ("postings", "pdir", "log", "payload")
 _PDIR = struct.Struct(">III")  # posting directory value: (chunks, records, first chunk)
@@ -533,17 +536,38 @@ class RocksStore:
             return not build.is_alive()
         return True
 
-    def build_codes(self) -> None:
-        """Code every posting (reading the whole store once, outside the block cache) and
-        write the vector file (``stats()["codes_build_seconds"]`` says how long it took).
-        Commits go on meanwhile: a piece of postings a commit moved while it was read
-        reads nothing wrong (a posting's chunks never change under its generation and first
-        chunk, and its codes are named after what was read), so it is kept as read."""
+    def _maybe_retrain_codes(self) -> None:
+        """Train a wider quantizer once the codes refused enough postings (records past its
+        range: ``PostingCodes.wants_retrain``), and code every posting again in the
+        background. Searches meanwhile scan what the new codes hold and read the rest."""
+        codes = self._codes
+        if codes is None or not codes.wants_retrain:
+            return
+        with self._codes_lock:
+            build = self._codes_build
+            if self._codes is not codes or (build is not None and build.is_alive()) or self._codes_stop.is_set():
+                return  # swapped already, or a build runs (it will refuse again: retrained after)
+            self._codes = fresh = codes.successor()
+            self._codes_begun = True
+            self._codes_build = threading.Thread(target=self.build_codes, args=(fresh,), name="vindex-codes",
+                                                 daemon=True)
+            self._codes_build.start()
+        log.info("posting codes: %d postings past the quantizer's range; trained a wider one, coding again",
+                 codes.refused)
+
+    def build_codes(self, codes: PostingCodes | None = None) -> None:
+        """Code every posting into ``codes`` (default: the store's; reading the whole store
+        once, outside the block cache) and write the vector file
+        (``stats()["codes_build_seconds"]`` says how long it took). Commits go on meanwhile:
+        a piece of postings a commit moved while it was read reads nothing wrong (a
+        posting's chunks never change under its generation and first chunk, and its codes
+        are named after what was read), so it is kept as read."""
+        codes = self._codes if codes is None else codes
         started = time.perf_counter()
         pids = np.flatnonzero(self._spans.array() & _CHUNKS_MASK).astype(np.int64)
         rs = self.record_size
         for lo in range(0, pids.shape[0], CODES_BUILD_READ):
-            if self._codes_stop.is_set():
+            if self._codes_stop.is_set() or self._codes is not codes:
                 return
             part = pids[lo:lo + CODES_BUILD_READ]
             version = self._dir_version
@@ -553,9 +577,9 @@ class RocksStore:
                 continue
             data, offsets = self._gather(values, plan)
             offs = offsets.tolist()
-            self._codes.keep([(p, span, gen, data[offs[i] * rs:offs[i + 1] * rs])
-                              for i, (p, span, gen) in enumerate(zip(plan.pids, plan.spans, plan.gens))])
-        self._codes.build_seconds = time.perf_counter() - started
+            codes.keep([(p, span, gen, data[offs[i] * rs:offs[i + 1] * rs])
+                        for i, (p, span, gen) in enumerate(zip(plan.pids, plan.spans, plan.gens))])
+        codes.build_seconds = time.perf_counter() - started
 
     def _learn_codes(self, plan: "_ReadPlan", data: np.ndarray, offsets: np.ndarray) -> None:
         """Code the postings a search read whole whose codes the store does not hold as they
@@ -569,6 +593,7 @@ class RocksStore:
         offs = offsets.tolist()
         codes.keep([(plan.pids[i], plan.spans[i], plan.gens[i], data[offs[i] * rs:offs[i + 1] * rs])
                     for i in np.flatnonzero(~usable).tolist()])
+        self._maybe_retrain_codes()
 
     def _code_commit(self, change: Change, pids: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
         """Keep the codes of the postings a commit wrote as the commit left them (directory
@@ -588,6 +613,7 @@ class RocksStore:
         codes.keep(fresh)
         codes.extend([(pid, old_span[pid], new_span[pid], gens[pid], np.frombuffer(data, np.uint8))
                       for pid, data in change.appends.items() if pid not in dropped and pid not in change.replaces])
+        self._maybe_retrain_codes()
 
     def _chunk_keys(self, pids: np.ndarray, gens: np.ndarray, found: np.ndarray | None, in_place: bool
                     ) -> "_ReadPlan":
