@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from . import aps
 from .config import SMALL_SEARCH_QUERIES
-from .errors import InvalidKError
 from .exact_scan import exact_topk
 from .idmap import DELETED
 from .search import search as search_postings, search_threads
@@ -18,16 +17,6 @@ if TYPE_CHECKING:
 
 #: ``choose(queries, held, max_postings) -> (heads, counts)``: a filtered search's candidates.
 Choose = Callable[[np.ndarray, bool, int], tuple[np.ndarray, np.ndarray]]
-
-
-def check_target(value: Any, metric: str) -> float:
-    """``aps.check_target``, on an l2 or cosine index only (the estimate is a Euclidean
-    geometry)."""
-    target = aps.check_target(value)
-    if metric == "ip":
-        raise InvalidKError("recall_target: not available on an 'ip' index (its estimate needs l2 or cosine "
-                            "distances); pass max_postings instead")
-    return target
 
 
 def search(index: "Index", queries: np.ndarray, k: int, target: float, *, max_postings: int, eps: float,
@@ -109,9 +98,13 @@ def _calibrate(index: "Index", k: int, max_postings: int, eps: float, ef: int) -
     truth = np.ascontiguousarray(np.take_along_axis(truth, keep, axis=1))
     graph = eng.state.graph
     sel, _, counts = graph.search(queries, index._metric_code, max_postings, eps, ef)
-    h = aps.candidate_heads(graph, queries, sel, counts)
+    # the estimate is Euclidean geometry: an ip index meets a target by the fixed count alone,
+    # its heads in the graph's order (best inner product first)
+    euclidean = index.metric != "ip"
+    h = aps.candidate_heads(graph, queries, sel, counts) if euclidean else np.zeros(sel.shape, np.float32)
     scan = _scanner(index, deadline=None, tenant="default", versions=None)
-    cal = aps.calibrate(queries, own, truth, k, sel, counts, h, scan, index.dim, aps.ROUND_POSTINGS)
+    cal = aps.calibrate(queries, own, truth, k, sel, counts, h, scan, index.dim, aps.ROUND_POSTINGS,
+                        estimate=euclidean)
     return dataclasses.replace(cal, served=served, seen=seen)
 
 

@@ -154,11 +154,13 @@ def search_rounds(queries: np.ndarray, k: int, sel: np.ndarray, counts: np.ndarr
 
 
 def calibrate(queries: np.ndarray, own: np.ndarray, truth: np.ndarray, k: int, sel: np.ndarray,
-              counts: np.ndarray, h: np.ndarray, scan: Search, dim: int, round_postings: float) -> Calibration:
+              counts: np.ndarray, h: np.ndarray, scan: Search, dim: int, round_postings: float,
+              estimate: bool = True) -> Calibration:
     """Fit a :class:`Calibration` on stored vectors ``queries`` (internal ids ``own``) with
     exact neighbours ``truth`` (``(n, k)`` internal ids, own left out), their candidate heads
     ``sel``/``counts`` sorted by ``candidate_heads`` and hyperplane distances ``h``. A round
-    after the first costs as much as reading ``round_postings`` postings more."""
+    after the first costs as much as reading ``round_postings`` postings more. ``estimate``
+    False: the fixed count only (``h`` unused)."""
     n, m = sel.shape
     # each (query, head) pair as a query of its own that reads that one posting
     flat_q = np.repeat(queries, m, axis=0)
@@ -175,6 +177,8 @@ def calibrate(queries: np.ndarray, own: np.ndarray, truth: np.ndarray, k: int, s
                              .mean() for c in fixed])
     best = Calibration(0, np.zeros(1, np.float32), fixed.astype(np.float64), np.maximum.accumulate(fixed_recall),
                        np.minimum(fixed, counts.mean()).astype(np.float64), n)
+    if not estimate:
+        return best
     best_cost = sum(best.cost(t) for t in FIT_TARGETS)
     stop = np.empty(n, dtype=np.int32)
     rounds = np.empty(n, dtype=np.int32)

@@ -423,7 +423,7 @@ class Index:
     def _recall_target(self, value: Any) -> float | None:
         """The validated recall target of a search: ``value``, else the config's (None: none)."""
         value = self.config.recall_target if value is None else value
-        return None if value is None else adaptive.check_target(value, self.metric)
+        return None if value is None else aps.check_target(value)
 
     def _search_args(self, queries: Any, k: Any, max_postings: Any, eps: Any, ef: Any, threads: Any = None
                      ) -> tuple[np.ndarray, int, int, float, int, int]:

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from vindex import adaptive, ids as idkinds, payloads, validation
+from vindex import aps, ids as idkinds, payloads, validation
 from vindex.config import MAX_SEARCH_THREADS, IndexConfig, check_metric
 from vindex.errors import (IdExistsError, IndexClosedError, InvalidConfigError, InvalidInputError, UnknownIdError,
                            preview)
@@ -261,7 +261,7 @@ class ShardedIndex:
         if rerank is not None:
             validation.rerank(rerank, k)
         if recall_target is not None:
-            adaptive.check_target(recall_target, self.metric)
+            aps.check_target(recall_target)
         if max_postings is not None:
             validation.positive_int(max_postings, "max_postings", upper=4096)
         if eps is not None:
