@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import vindex
-from vindex import aps, native
+from vindex import adaptive, aps, calibrations, native
 from vindex.errors import InvalidConfigError, InvalidKError
 
 from conftest import brute_force, recall_at_k
@@ -37,7 +37,7 @@ def test_config_recall_target_is_checked_and_used(tmp_path, bigann):
     with vindex.Index.build(tmp_path / "c", base, recall_target=0.9, rebalance=False, progress=False) as index:
         by_default = index.search(base[:30], 5)
         np.testing.assert_array_equal(by_default.ids, index.search(base[:30], 5, recall_target=0.9).ids)
-        assert index._calibrations._by_k  # the default target calibrated the index
+        assert index._calibrations._by_key  # the default target calibrated the index
         # a target of 0.1 reads fewer records than the config's 0.9
         assert index.search(base[:30], 5, recall_target=0.1).stats["records_scanned"] < \
             by_default.stats["records_scanned"]
@@ -50,7 +50,7 @@ def test_ip_index_meets_a_target_by_the_fixed_count(tmp_path, bigann):
     with vindex.Index.build(tmp_path / "ip", x, metric="ip", rebalance=False, progress=False) as index:
         truth = np.argsort(-(queries @ x.T), axis=1, kind="stable")[:, :10]
         got = index.search(queries, 10, recall_target=0.9)
-        cal = next(iter(index._calibrations._by_k.values()))
+        cal = next(iter(index._calibrations._by_key.values()))
         assert not cal.adaptive
         recall = np.mean([len(set(g) & set(t)) / 10 for g, t in zip(got.ids.tolist(), truth.tolist())])
         assert recall >= 0.89, recall  # measured: 0.928 (0.962 at a target of 0.95)
@@ -160,10 +160,40 @@ def test_calibration_prefers_served_queries(tmp_path, bigann):
     q = bigann["queries"].astype(np.float32)
     with vindex.Index.build(tmp_path / "s", base, rebalance=False, progress=False) as index:
         index.search(q[:1], 10, recall_target=0.9)  # nothing served yet: stored vectors
-        [cal] = index._calibrations._by_k.values()
+        [cal] = index._calibrations._by_key.values()
         assert cal.summary()["from"] == "stored vectors"
         for lo in range(0, aps.RECALIBRATE_AFTER + 16, 16):  # 16 rows of each call enter the ring
             index.search(np.roll(q, lo, axis=0)[:16], 10)
-        index.search(q[:1], 10, recall_target=0.9)
-        [cal] = index._calibrations._by_k.values()
+        stale = cal
+        index.search(q[:1], 10, recall_target=0.9)  # served with the old one; made again behind it
+        index._calibrations.close()  # (waits for the background calibration)
+        [cal] = index._calibrations._by_key.values()
+        assert cal is not stale
         assert cal.summary()["from"] == "served queries" and cal.queries >= aps.CALIBRATION_MIN_SERVED
+
+
+def test_calibrations_are_kept_across_opens(tmp_path, bigann, monkeypatch):
+    base = bigann["base"][:3000].astype(np.float32)
+    q = bigann["queries"][:20].astype(np.float32)
+    path = tmp_path / "kept"
+    with vindex.Index.build(path, base, rebalance=False, progress=False) as index:
+        want = index.search(q, 10, recall_target=0.9)
+        [made] = index._calibrations._by_key.values()
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("calibrated again")
+    monkeypatch.setattr(adaptive, "_calibrate", no_calibration)
+    with vindex.Index.open(path) as index:
+        np.testing.assert_array_equal(index.search(q, 10, recall_target=0.9).ids, want.ids)
+        [kept] = index._calibrations._by_key.values()
+        np.testing.assert_array_equal(kept.recalls, made.recalls)
+        assert kept.dim_eff == made.dim_eff and kept.live == 3000
+        index.delete(np.arange(1500))  # half the records gone: dropped at the next open
+    monkeypatch.undo()
+    with vindex.Index.open(path) as index:
+        assert not index._calibrations._by_key
+    (path / calibrations.FILE).write_bytes(b'{"calibrations": [{"key": [10]')  # damaged: ignored
+    with vindex.Index.open(path) as index:
+        assert not index._calibrations._by_key
+        index.search(q, 10, recall_target=0.9)
+        assert index._calibrations._by_key

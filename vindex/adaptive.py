@@ -71,10 +71,13 @@ def calibration(index: "Index", k: int, max_postings: int, eps: float, ef: int |
     ef = max(ef or index.config.ef_for(max_postings), max_postings)
     key = (k, max_postings, eps, ef)
     tap = index._tap
-    found = index._calibrations.peek(key)
-    if found is not None and (found.served or tap.queries - found.seen < aps.RECALIBRATE_AFTER):
-        return found
-    return index._calibrations.make(key, found, lambda: _calibrate(index, k, max_postings, eps, ef))
+    cals = index._calibrations
+    found = cals.peek(key)
+    if found is None:
+        return cals.make(key, None, lambda: _calibrate(index, k, max_postings, eps, ef))
+    if not found.served and tap.queries - found.seen >= aps.RECALIBRATE_AFTER:
+        cals.refresh(key, found, lambda: _calibrate(index, k, max_postings, eps, ef))
+    return found
 
 
 def _calibrate(index: "Index", k: int, max_postings: int, eps: float, ef: int) -> aps.Calibration:
@@ -105,7 +108,7 @@ def _calibrate(index: "Index", k: int, max_postings: int, eps: float, ef: int) -
     scan = _scanner(index, deadline=None, tenant="default", versions=None)
     cal = aps.calibrate(queries, own, truth, k, sel, counts, h, scan, index.dim, aps.ROUND_POSTINGS,
                         estimate=euclidean)
-    return dataclasses.replace(cal, served=served, seen=seen)
+    return dataclasses.replace(cal, served=served, seen=seen, live=eng.state.idmap.n_live)
 
 
 def _scanner(index: "Index", *, deadline: float | None, tenant: str, versions: Callable | None,

@@ -22,7 +22,6 @@ mean recall reaches it.
 from __future__ import annotations
 
 import numbers
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -87,7 +86,23 @@ class Calibration:
     postings: np.ndarray     # replayed mean postings read at each threshold
     queries: int
     served: bool = False     # made from served queries (else from stored vectors)
-    seen: int = 0            # queries the index had served when it was made
+    seen: int = 0            # queries the index had served when it was made (in this process)
+    live: int = 0            # live records the index held when it was made
+
+    def to_json(self) -> dict:
+        """The fields that are kept across opens (``from_json``; ``seen`` starts again at 0)."""
+        return {"dim_eff": self.dim_eff, "thresholds": self.thresholds.tolist(), "recalls": self.recalls.tolist(),
+                "postings": self.postings.tolist(), "queries": self.queries, "served": self.served,
+                "live": self.live}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Calibration":
+        dim_eff = int(d["dim_eff"])
+        table = cap_table(dim_eff) if dim_eff > 0 else np.zeros(1, np.float32)
+        arrays = [np.asarray(d[f], dtype=np.float64) for f in ("thresholds", "recalls", "postings")]
+        if dim_eff < 0 or len({a.shape for a in arrays}) != 1 or arrays[0].ndim != 1 or not arrays[0].size:
+            raise ValueError("thresholds, recalls and postings must be 1-d arrays of one non-zero length")
+        return cls(dim_eff, table, *arrays, int(d["queries"]), bool(d["served"]), 0, int(d["live"]))
 
     @property
     def adaptive(self) -> bool:
@@ -203,21 +218,3 @@ def _dims(dim: int) -> list[int]:
     out = [2 ** p for p in range(1, 12) if 2 ** p < dim]
     return out + [dim]
 
-
-class Calibrations:
-    """An index's calibrations by ``(k, candidate settings)``, made one at a time."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_k: dict[tuple, Calibration] = {}
-
-    def peek(self, key: tuple) -> Calibration | None:
-        return self._by_k.get(key)
-
-    def make(self, key: tuple, stale: Calibration | None, make: Callable[[], Calibration]) -> Calibration:
-        """``make()`` stored under ``key``, unless another thread replaced ``stale`` meanwhile."""
-        with self._lock:
-            found = self._by_k.get(key)
-            if found is None or found is stale:
-                found = self._by_k[key] = make()
-            return found

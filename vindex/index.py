@@ -13,6 +13,7 @@ import numpy as np
 
 from . import adaptive, aps, checkpoint, filtered, gauges, ids as idkinds, layout, oplog, payloads, validation, writes
 from .build import build_postings
+from .calibrations import Calibrations
 from .checkpointer import Checkpointer
 from .config import APS_CANDIDATES, MAX_SEARCH_THREADS, SMALL_SEARCH_QUERIES, IndexConfig, check_metric, record_bytes
 from .engine import Engine
@@ -95,7 +96,7 @@ class Index:
         self._pool = yielding_pool("vindex-insert", cfg.io_scheduler == "sla")
         self._rebalancer = Rebalancer(engine, enabled=cfg.rebalance)
         self._plans = filtered.PlanCache(cfg.filter_cache_bytes)
-        self._calibrations = aps.Calibrations()
+        self._calibrations = Calibrations(engine.path, live=engine.state.idmap.n_live)
         if orphans:  # dropped by the background once the store can write; never reused before
             self._rebalancer.cuts.defer(orphans, {})
         self._tap = SearchTap(engine.dim)
@@ -809,6 +810,7 @@ class Index:
             if self._closed:
                 return
             self._closed = True
+        self._calibrations.close()
         self._monitor.close()
         self._rebalancer.close()
         eng.checkpoints.close()
