@@ -1,6 +1,8 @@
 """Filtered search's plans: the gathered exact scan, its planner, and the plan cache."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -50,6 +52,29 @@ def test_planner_prefers_postings_for_broad_filters(built):
     res = idx.search(x[:3], 10, filter={"label": {"$lt": 50}}, max_postings=1)
     assert res.stats["postings"] > 0
     assert (labels[res.ids] < 50).all()
+
+
+def test_broad_filter_scans_the_graphs_nearest_postings(built):
+    """Half the records match, in nearly every posting: the search scans the postings an
+    unfiltered search picks at max_postings / sqrt(selectivity) and returns the nearest
+    matches among their records."""
+    idx, x, labels = built
+    q = np.random.default_rng(3).standard_normal((5, DIM)).astype(np.float32)
+    m = 4
+    res = idx.search(q, 10, filter={"label": {"$lt": 50}}, max_postings=m)
+    every = idx.search(q, 500, max_postings=math.ceil(m / math.sqrt(0.5)))  # all their records, nearest first
+    assert res.stats["postings"] == every.stats["postings"] > 0
+    for row in range(q.shape[0]):
+        found = every.ids[row][every.ids[row] >= 0]
+        assert res.ids[row].tolist() == found[labels[found] < 50][:10].tolist()
+
+
+def test_gathered_search_returns_what_include_asks_for(built):
+    idx, x, labels = built
+    res = idx.search(x[:2], 3, filter={"label": {"$lt": 1}}, include=("metadata", "vectors"))
+    assert res.stats["postings"] == 0
+    assert [[m["label"] for m in row] for row in res.metadata] == labels[res.ids].tolist()
+    np.testing.assert_array_equal(res.vectors, x[res.ids])
 
 
 def test_gathered_and_posting_paths_agree(tmp_path, built):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from vindex.errors import FilterError, InvalidInputError, PayloadTooLargeError
 from vindex.filters import Filter, PayloadIndex, check_metadata, compile_filter, decode_metadata, matches
+from vindex.filters.memo import compile_cached
 
 # -- random metadata and filters over a small vocabulary, so that filters often hit --
 
@@ -177,6 +178,26 @@ def test_semantics(raw, meta, expected) -> None:
     index = PayloadIndex()
     index.set(np.array([0]), [meta])
     assert index.mask(f, 1).tolist() == [expected]
+
+
+@settings(max_examples=60, deadline=None)
+@given(raw=filters)
+def test_remembered_compiles_equal_fresh_ones(raw) -> None:
+    assert compile_cached(raw) == compile_filter(raw)
+    assert compile_cached(raw) is compile_cached(raw)  # the second from memory
+
+
+def test_remembered_compiles_follow_the_dict_not_its_identity() -> None:
+    raw = {"a": 1}
+    one = compile_cached(raw)
+    raw["a"] = True  # the caller changes its dict: the remembered one was a copy
+    assert compile_cached(raw) == compile_filter({"a": True}) != one
+    assert compile_cached({"a": 1}) is one
+    assert compile_cached({"a": 1.0}) == one and compile_cached({"a": np.float32(0.1)}) != compile_cached({"a": 0.1})
+    with pytest.raises(FilterError, match=r"filter: a\.\$in: expected a list"):
+        compile_cached({"a": {"$in": 3}})
+    with pytest.raises(FilterError):  # bad filters are never remembered
+        compile_cached({"a": {"$in": 3}})
 
 
 def test_equal_filters_tell_one_from_true() -> None:

@@ -20,6 +20,7 @@ from .engine import Engine
 from .errors import (CorruptionError, IdExistsError, IndexClosedError, InvalidInputError,
                      UnknownIdError, preview)
 from .filters import Filter, compile_filter
+from .filters.memo import compile_cached
 from .heads import METRIC_CODES, HeadGraph
 from .idmap import DELETED, IdMap
 from .iosched import IOTargets, yielding_pool
@@ -314,7 +315,7 @@ class Index:
         target = self._recall_target(recall_target)
         if target is not None and max_postings is None:
             m = min(APS_CANDIDATES * self.config.max_postings, 4096)
-        f = None if filter is None else compile_filter(filter)
+        f = None if filter is None else compile_cached(filter)
         include = _NOTHING if type(include) is tuple and not include else payloads.check_include(include)
         timeout = None if timeout is None else validation.seconds(timeout, "timeout")
         if interactive is not None and not isinstance(interactive, (bool, np.bool_)):
@@ -326,6 +327,10 @@ class Index:
                                 {"postings": 0, "records_scanned": 0, "postings_dropped": 0},
                                 self._included(ids, include))
         started = time.perf_counter()
+        if f is not None:
+            lean = self._search_gathered(q, k, m, f, include, str(tenant), started)
+            if lean is not None:
+                return lean
         deadline = None if timeout is None else time.monotonic() + timeout
         # postings this search may still read stay in the store; writers yield to interactive ones
         if interactive is None:
@@ -335,13 +340,12 @@ class Index:
         cal = None if target is None else adaptive.calibration(self, k, m, e, beam_given)
         ticket = eng.readers.begin(bool(interactive))
         try:
-            choose = versions = exact = None
+            choose = versions = broad = None
             if f is not None:
-                with eng.readers.reading():  # a plan and its gathered vectors: one state
+                with eng.readers.reading():
                     fplan = self._plans.get(st, f)
-                    found = filtered.gathered_for(st, eng.store, fplan, m, self.config, self.dim, str(tenant))
-                if found is not None:
-                    exact = filtered.search_gathered(found, q, k, self._metric_code)
+                if target is None:
+                    broad = filtered.broad_budget(st.graph, fplan, m, self.config)
 
                 def choose(queries: np.ndarray, held: bool, limit: int = m) -> tuple[np.ndarray, np.ndarray]:
                     return filtered.choose_postings(st.graph, queries, self._metric_code, fplan, limit, e,
@@ -349,13 +353,13 @@ class Index:
 
                 def versions(live: np.ndarray) -> np.ndarray:
                     return fplan.versions_for(live, st.applied)
-            if exact is not None:
-                ids, dists, work = exact
-            elif target is not None:
+            if target is not None:
                 ids, dists, work = adaptive.search(self, q, k, target, max_postings=m, eps=e, ef=beam_given, cal=cal,
                                                    threads=n_threads, deadline=deadline, tenant=str(tenant),
                                                    choose=choose, versions=versions, rerank=n_rerank)
             else:
+                if broad is not None:  # the graph's nearest postings, as unfiltered (fused path included)
+                    choose, m = None, broad
                 ids, dists, work = search_threads(
                     q, k, threads=n_threads, pool=self._search_pool, graph=st.graph, idmap=st.idmap, store=eng.store,
                     readers=eng.readers, metric=self._metric_code, max_postings=m, eps=e, ef=max(beam, m),
@@ -363,8 +367,7 @@ class Index:
         finally:
             eng.readers.end(ticket)
         if f is not None:
-            if exact is None:  # (the gathered records were copied with writers held off)
-                ids, dists = filtered.recheck(st, f, ids, dists)
+            ids, dists = filtered.recheck(st, f, ids, dists)
             work["filter_matches"] = fplan.matches
         if self.metric == "cosine":
             dists *= np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors (the search's own array)
@@ -372,6 +375,27 @@ class Index:
         self._tap.searched(q)
         return SearchResult(idkinds.to_user(st, ids), dists, work,
                             self._included(ids, include, str(tenant)) if include else {})
+
+    def _search_gathered(self, q: np.ndarray, k: int, m: int, f: Filter, include: frozenset[str], tenant: str,
+                         started: float) -> SearchResult | None:
+        """``search`` when the filter's plan scores just its matching records (docs/filters.md):
+        one kernel call over their vectors, gathered once per plan with writers held off, so
+        the answer is exact and current, reads no posting and needs no search ticket or
+        recheck. None when the plan scans postings instead."""
+        eng = self._engine
+        st = eng.state
+        with eng.readers.reading():  # a plan and its gathered vectors: one state
+            fplan = self._plans.get(st, f)
+            found = filtered.gathered_for(st, eng.store, fplan, m, self.config, self.dim, tenant)
+        if found is None:
+            return None
+        ids, dists, work = filtered.search_gathered(found, q, k, self._metric_code)
+        work["filter_matches"] = fplan.matches
+        if self.metric == "cosine":
+            dists *= np.float32(0.5)
+        eng.observe_search(time.perf_counter() - started, q.shape[0])
+        self._tap.searched(q)
+        return SearchResult(idkinds.to_user(st, ids), dists, work, self._included(ids, include, tenant) if include else {})
 
     def _included(self, exts: np.ndarray, include: frozenset[str], tenant: str = "default") -> dict:
         """What ``include`` asks for, for internal ids ``exts`` of any shape (-1: padding):

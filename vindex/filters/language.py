@@ -39,7 +39,7 @@ class Filter:
     filters have equal hashes (``1``, ``1.0`` and ``True`` are told apart where the language
     does)."""
 
-    __slots__ = ()
+    __slots__ = ("_hash",)
 
     def to_dict(self) -> dict:
         """The filter in the language's explicit form (every comparison spelled with its $op)."""
@@ -52,7 +52,12 @@ class Filter:
         return type(other) is type(self) and self._key() == other._key()  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash((type(self).__name__, self._key()))
+        try:
+            return self._hash  # type: ignore[attr-defined]
+        except AttributeError:  # first call: the plan cache hashes the same filter per search
+            h = hash((type(self).__name__, self._key()))
+            object.__setattr__(self, "_hash", h)
+            return h
 
     def __repr__(self) -> str:
         return f"Filter({self.to_dict()!r})"
