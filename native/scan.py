@@ -149,6 +149,23 @@ def scan_records(recs_f, recs_u, starts, ends, ids, id_starts, q_lo, q_hi, q_idx
 
 
 @nb.njit(**_q)
+def merge_heaps(heap_d, heap_i, sizes, other_d, other_i, other_sizes):
+    """Offer each entry of the heaps ``other_d/other_i`` (sizes ``other_sizes``) to the heaps
+    ``heap_d/heap_i``, each id at most once (a replica may be in both): the heaps of two
+    threads that scanned different postings of one batch, merged."""
+    for qi in range(heap_d.shape[0]):
+        hd = heap_d[qi]
+        hi = heap_i[qi]
+        size = sizes[qi]
+        for t in range(other_sizes[qi]):
+            s = other_d[qi, t]
+            ext = other_i[qi, t]
+            if heap.accepts(hd, hi, size, s, ext) and not heap.contains(hi, size, ext):
+                size = heap.push(hd, hi, size, s, ext)
+        sizes[qi] = size
+
+
+@nb.njit(**_q)
 def finish(heap_d, heap_i, sizes):
     """Sort each heap ascending by (distance, id); pad with +inf / -1."""
     for i in range(heap_d.shape[0]):

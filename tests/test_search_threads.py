@@ -1,5 +1,6 @@
-"""``search(..., threads=N)`` and ``IndexConfig.search_threads``: a batch cut into pieces
-searched in parallel gives the batch's own results; N is checked."""
+"""``search(..., threads=N)`` and ``IndexConfig.search_threads``: a batch whose postings are
+read and scanned by N threads gives the batch's own results, reading each posting once; N
+is checked."""
 from __future__ import annotations
 
 import threading
@@ -28,6 +29,29 @@ def test_threads_give_the_same_results_on_several_threads(index, bigann):
         assert res.stats["records_scanned"] == one.stats["records_scanned"]
     names = {t.name for t in threading.enumerate()}
     assert any(name.startswith("vindex-search") for name in names)  # pieces ran on the pool
+
+
+def test_threads_read_each_posting_once(index, bigann):
+    """The threads share the batch's postings: none is read by two of them."""
+    queries = bigann["queries"][:300].astype(np.float32)
+    one = index.search(queries, 10, max_postings=16)
+    two = index.search(queries, 10, max_postings=16, threads=2)
+    np.testing.assert_array_equal(two.ids, one.ids)
+    assert two.stats["postings"] == one.stats["postings"]
+
+
+def test_merged_heaps_keep_each_id_once():
+    """Heaps of two threads holding the same id (a replica scanned by each) merge into one entry."""
+    from vindex import native
+
+    d = np.array([[3.0, 1.0, 2.0]], np.float32)  # a max-heap: (3, 7) at the root
+    i = np.array([[7, 5, 6]], np.int64)
+    od = np.array([[2.0, 0.5, 9.0]], np.float32)
+    oi = np.array([[6, 4, 8]], np.int64)
+    sizes, other_sizes = np.array([3], np.int32), np.array([3], np.int32)
+    native.scan.merge_heaps(d, i, sizes, od, oi, other_sizes)
+    native.scan.finish(d, i, sizes)
+    assert i.tolist() == [[4, 5, 6]] and d.tolist() == [[0.5, 1.0, 2.0]]
 
 
 def test_small_batches_stay_on_the_calling_thread(index, bigann):

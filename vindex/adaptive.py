@@ -29,16 +29,6 @@ def search(index: "Index", queries: np.ndarray, k: int, target: float, *, max_po
     the head search's beam (None: the config's for the number of postings searched);
     ``cal``: ``calibration``'s for these settings."""
     nq = queries.shape[0]
-    n = min(threads, nq // (SMALL_SEARCH_QUERIES + 1))
-    if n > 1:  # pieces searched in parallel, as ``search_threads`` cuts a batch
-        bounds = np.linspace(0, nq, n + 1).astype(np.int64).tolist()
-        parts = index._search_pool.map(
-            lambda lh: search(index, queries[lh[0]:lh[1]], k, target, max_postings=max_postings, eps=eps, ef=ef,
-                              cal=cal, threads=1, deadline=deadline, tenant=tenant, choose=choose, versions=versions,
-                              rerank=rerank),
-            list(zip(bounds, bounds[1:])))
-        work = {key: sum(p[2][key] for p in parts) for key in parts[0][2]}
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), work
     eng, metric = index._engine, index._metric_code
     graph = eng.state.graph
     held = nq <= SMALL_SEARCH_QUERIES
@@ -52,6 +42,16 @@ def search(index: "Index", queries: np.ndarray, k: int, target: float, *, max_po
                                           max_postings=m, eps=eps, ef=ef, deadline=deadline, tenant=tenant,
                                           choose=fixed, versions=versions, rerank=rerank)
         return ids, dists, work
+    n = min(threads, nq // (SMALL_SEARCH_QUERIES + 1))
+    if n > 1:  # pieces of the queries searched in parallel, each adapting on its own
+        bounds = np.linspace(0, nq, n + 1).astype(np.int64).tolist()
+        parts = index._search_pool.map(
+            lambda lh: search(index, queries[lh[0]:lh[1]], k, target, max_postings=max_postings, eps=eps, ef=ef,
+                              cal=cal, threads=1, deadline=deadline, tenant=tenant, choose=choose, versions=versions,
+                              rerank=rerank),
+            list(zip(bounds, bounds[1:])))
+        work = {key: sum(p[2][key] for p in parts) for key in parts[0][2]}
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), work
     ef = max(ef or cfg.ef_for(max_postings), max_postings)
     if choose is None:
         sel, _, counts = graph.search(queries, metric, max_postings, eps, ef, held=held)

@@ -68,26 +68,25 @@ class SearchThreads:
 
 def search_threads(queries: np.ndarray, k: int, *, threads: int, pool: SearchThreads, **kwargs
                    ) -> tuple[np.ndarray, np.ndarray, dict]:
-    """``search`` with the batch cut into up to ``threads`` pieces searched in parallel
-    (the kernels release the GIL). A piece has more than ``SMALL_SEARCH_QUERIES`` queries:
-    smaller ones run the kernels that keep the GIL, and would take turns. Results and
-    counters as ``search``'s; postings wanted by queries of two pieces count once each."""
+    """``search`` on up to ``threads`` threads (the kernels release the GIL): the heads of a
+    batch are chosen in pieces of its queries, one per thread, and its postings are read and
+    scanned in pieces of postings that the threads take in turn, each for every query that
+    wants them, into heaps of its own, merged at the end. So each posting is read, and its
+    records' ids mapped, once per batch however many threads share it (cut into pieces of
+    queries, every piece of a large batch read nearly every posting). A piece of queries has
+    more than ``SMALL_SEARCH_QUERIES``: smaller batches run the kernels that keep the GIL,
+    and would take turns. Results and counters as ``search``'s."""
     nq = queries.shape[0]
     n = min(threads, nq // (SMALL_SEARCH_QUERIES + 1))
-    if n <= 1:
-        return search(queries, k, **kwargs)
-    bounds = np.linspace(0, nq, n + 1).astype(np.int64).tolist()
-    parts = pool.map(lambda lh: search(queries[lh[0]:lh[1]], k, **kwargs), list(zip(bounds, bounds[1:])))
-    work = {key: sum(p[2][key] for p in parts) for key in parts[0][2]}
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), work
+    return search(queries, k, parallel=(pool, n) if n > 1 else None, **kwargs)
 
 
 def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store: PostingStore,
            readers: Readers, metric: int, max_postings: int, eps: float, ef: int,
            io: IOClass = IOClass.INTERACTIVE, deadline: float | None = None, tenant: str = "default",
            choose: Callable[[np.ndarray, bool], tuple[np.ndarray, np.ndarray]] | None = None,
-           versions: Callable[[np.ndarray], np.ndarray] | None = None, rerank: int = 0
-           ) -> tuple[np.ndarray, np.ndarray, dict]:
+           versions: Callable[[np.ndarray], np.ndarray] | None = None, rerank: int = 0,
+           parallel: tuple[SearchThreads, int] | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """Top-``k`` ``(ext ids (nq, k) int64, internal distances (nq, k) float32)``, padded, and
     work counters: postings read (once each per batch), records scanned (summed over
     queries: the distance computations) and postings dropped (reads the I/O scheduler dropped
@@ -105,17 +104,20 @@ def search(queries: np.ndarray, k: int, *, graph: HeadGraph, idmap: IdMap, store
 
     ``rerank`` > 0: a small search scans the postings it did not find kept as float32 as
     the store's int8 codes where it has them, and scores its best ``rerank`` candidates
-    exactly (``RocksStore.scan_codes``)."""
+    exactly (``RocksStore.scan_codes``).
+
+    ``parallel`` ``(pool, n)``: a batch of over ``n * SMALL_SEARCH_QUERIES`` queries on
+    ``n`` threads (see ``search_threads``)."""
     for attempt in range(SELECT_ATTEMPTS):
         out = _search_once(queries, k, graph, idmap, store, readers, metric, (max_postings, eps, ef), choose,
-                           versions, io, deadline, tenant, rerank, last=attempt == SELECT_ATTEMPTS - 1)
+                           versions, io, deadline, tenant, rerank, parallel, last=attempt == SELECT_ATTEMPTS - 1)
         if out is not None:
             return out
     raise AssertionError("unreachable: the last attempt always returns")
 
 
 def _search_once(queries, k, graph, idmap, store, readers, metric, heads, choose, versions, io, deadline, tenant,
-                 rerank, *, last: bool):
+                 rerank, parallel, *, last: bool):
     """One attempt of ``search``; None when it must start over (see there). ``heads``:
     ``(max_postings, eps, ef)`` of the graph's choice when ``choose`` is None."""
     nq = queries.shape[0]
@@ -131,10 +133,7 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, heads, choose
     if fused is not None:
         head_ids, counts, grouped = fused
     else:
-        if choose is None:
-            head_ids, _, counts = graph.search(queries, metric, heads[0], heads[1], heads[2], held=held)
-        else:
-            head_ids, counts = choose(queries, held)
+        head_ids, counts = _choose(queries, graph, metric, heads, choose, held, parallel)
         grouped = None
         resident = getattr(store, "scan_resident", None) if held else None
         if resident is not None:  # postings kept in memory scanned where they lie
@@ -156,7 +155,28 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, heads, choose
     if grouped is not None and not grouped[0].shape[0]:  # every posting was kept (the kernel sorted the heaps)
         return heap_i, heap_d, {"postings": grouped[3], "records_scanned": grouped[4], "postings_dropped": 0}
     return _read_rest(queries, head_ids, counts, grouped, graph, idmap, store, readers, metric, versions, io,
-                      deadline, tenant, generation, last, heap_d, heap_i, sizes)
+                      deadline, tenant, generation, last, heap_d, heap_i, sizes, parallel)
+
+
+def _choose(queries, graph, metric, heads, choose, held, parallel) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's postings ``(head ids (nq, m), counts)``: the graph's nearest heads, or
+    ``choose``'s; with ``parallel``, in pieces of the queries on the pool's threads."""
+    def one(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if choose is None:
+            ids, _, counts = graph.search(q, metric, heads[0], heads[1], heads[2], held=held)
+            return ids, counts
+        return choose(q, held)
+
+    if parallel is None:
+        return one(queries)
+    pool, n = parallel
+    bounds = np.linspace(0, queries.shape[0], n + 1).astype(np.int64).tolist()
+    parts = pool.map(lambda lh: one(queries[lh[0]:lh[1]]), list(zip(bounds, bounds[1:])))
+    width = max(p[0].shape[1] for p in parts)  # (a filter's choice may differ in width by piece)
+    ids = np.full((queries.shape[0], width), -1, dtype=np.int32)
+    for (lo, hi), (piece, _) in zip(zip(bounds, bounds[1:]), parts):
+        ids[lo:hi, :piece.shape[1]] = piece
+    return ids, np.concatenate([p[1] for p in parts])
 
 
 #: ``_search_fused``'s answer when the heads it chose may be outdated: search again.
@@ -192,21 +212,83 @@ def _search_fused(queries, graph, idmap, store, readers, metric, heads, versions
 
 
 def _read_rest(queries, head_ids, counts, grouped, graph, idmap, store, readers, metric, versions, io, deadline,
-               tenant, generation, last, heap_d, heap_i, sizes):
+               tenant, generation, last, heap_d, heap_i, sizes, parallel=None):
     """Read from the store and scan the postings the resident scan left (``grouped``: its
-    misses, counters; None: every chosen posting), then sort the heaps."""
-    dim = queries.shape[1]
+    misses, counters; None: every chosen posting), then sort the heaps. With ``parallel``
+    ``(pool, n)``, ``n`` threads take pieces of the postings in turn, each scanning into heaps
+    of its own (the first thread into the caller's), merged before the sort."""
     held = queries.shape[0] <= SMALL_SEARCH_QUERIES
     kernels = native.held if held else native.scan
-    postings = scanned = dropped = 0
     if grouped is None:
         pids, q_ptr, q_idx = kernels.group_by_posting(head_ids, counts, scratch().slots(graph.capacity))
+        postings = scanned = 0
     else:
         pids, q_ptr, q_idx, postings, scanned = grouped
-    for lo in range(0, pids.shape[0], READ_CHUNK):
-        hi = min(lo + READ_CHUNK, pids.shape[0])
+    n_threads = 1 if parallel is None else parallel[1]
+    step = READ_CHUNK if n_threads == 1 else max(PARALLEL_CHUNK_MIN, min(READ_CHUNK, -(-pids.shape[0] // (
+        PARALLEL_CHUNKS * n_threads))))
+    pieces = _Pieces(pids.shape[0], step)
+    args = (pieces, queries, pids, q_ptr, q_idx, graph, idmap, store, readers, metric, versions, io, deadline, tenant,
+            generation, last, kernels)
+    if parallel is None:
+        outs = [_scan_pieces(*args, heap_d, heap_i, sizes)]
+    else:
+        nq, k = heap_d.shape
+        heaps = [(heap_d, heap_i, sizes)] + [
+            (np.empty((nq, k), np.float32), np.empty((nq, k), np.int64), np.zeros(nq, np.int32))
+            for _ in range(n_threads - 1)]
+        outs = parallel[0].map(lambda h: _scan_pieces(*args, *h), heaps)
+        if all(o is not None for o in outs):
+            for other_d, other_i, other_sizes in heaps[1:]:
+                native.scan.merge_heaps(heap_d, heap_i, sizes, other_d, other_i, other_sizes)
+    if any(o is None for o in outs):
+        return None
+    kernels.finish(heap_d, heap_i, sizes)
+    return heap_i, heap_d, {"postings": postings + sum(o[0] for o in outs),
+                            "records_scanned": scanned + sum(o[1] for o in outs),
+                            "postings_dropped": sum(o[2] for o in outs)}
+
+
+#: A batch searched on n threads is cut into about ``PARALLEL_CHUNKS * n`` pieces of postings
+#: (of ``PARALLEL_CHUNK_MIN`` to ``READ_CHUNK`` postings), which the threads take in turn:
+#: a thread that the machine's other work slows down then takes fewer.
+PARALLEL_CHUNKS = 8
+PARALLEL_CHUNK_MIN = 64
+
+
+class _Pieces:
+    """Consecutive ranges of ``total`` postings, ``step`` at a time, handed to threads in turn;
+    ``stop`` ends the handing out (a thread found the heads outdated)."""
+
+    def __init__(self, total: int, step: int):
+        self._next, self.total, self.step = 0, total, step
+        self._lock = threading.Lock()
+        self.stopped = False
+
+    def take(self) -> tuple[int, int] | None:
+        with self._lock:
+            lo = self._next
+            if self.stopped or lo >= self.total:
+                return None
+            self._next = min(lo + self.step, self.total)
+            return lo, self._next
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def _scan_pieces(pieces, queries, pids, q_ptr, q_idx, graph, idmap, store, readers, metric, versions, io, deadline,
+                 tenant, generation, last, kernels, heap_d, heap_i, sizes) -> tuple[int, int, int] | None:
+    """Read and scan the ranges of postings ``pieces`` hands this thread into the heaps
+    given: ``(postings read, records scanned, postings dropped)``, or None when the heads
+    chosen may be outdated (a head appeared since: see ``search``)."""
+    dim = queries.shape[1]
+    postings = scanned = dropped = 0
+    while (piece := pieces.take()) is not None:
+        lo, hi = piece
         with readers.reading():  # versions checked against the same state the read saw
             if graph.generation != generation and not last:
+                pieces.stop()
                 return None
             try:
                 batch = store.read(pids[lo:hi], io, deadline=deadline, tenant=tenant, in_place=True)
@@ -232,8 +314,7 @@ def _read_rest(queries, head_ids, counts, grouped, graph, idmap, store, readers,
         finally:
             if batch.in_place is not None:
                 batch.in_place.release()
-    kernels.finish(heap_d, heap_i, sizes)
-    return heap_i, heap_d, {"postings": postings, "records_scanned": scanned, "postings_dropped": dropped}
+    return postings, scanned, dropped
 
 
 def _parts(batch: PostingBatch, dim: int, vid2ext: np.ndarray, versions: np.ndarray, kernels) -> list[tuple]:
