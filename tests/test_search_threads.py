@@ -105,3 +105,18 @@ def test_searches_with_growing_thread_counts_at_once(index, bigann):
     for t in workers:
         t.join()
     assert not errors, errors[:2]
+
+
+def test_filtered_batches_on_threads_give_the_same_results(tmp_path, bigann):
+    """A filter's choice of postings, made in pieces of the queries, then shared by the threads."""
+    base = bigann["base"][:3000].astype(np.float32)
+    labels = np.arange(3000) % 5
+    queries = bigann["queries"][:100].astype(np.float32)
+    with vindex.Index.build(tmp_path / "f", base, metadata=[{"label": int(v)} for v in labels],
+                            posting_limit_bytes=8 * 1024, filter_gather_ratio=0.0) as ix:
+        one = ix.search(queries, 10, filter={"label": 2})
+        two = ix.search(queries, 10, filter={"label": 2}, threads=2)
+    np.testing.assert_array_equal(two.ids, one.ids)
+    np.testing.assert_array_equal(two.distances, one.distances)
+    assert set(labels[one.ids[one.ids >= 0]].tolist()) == {2}
+    assert two.stats["postings"] == one.stats["postings"] > 0
