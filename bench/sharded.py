@@ -14,7 +14,8 @@
    posting read: identical ids and distances.
 5. Faults: ``--kills`` random actor kills (Ray restarts them) while ``--kill-rows`` rows are
    ingested into ``--shards`` x 2 replicas: acknowledged writes lost (must be 0).
-Writes ``<out>/sharded.json``.
+``--parts`` runs some of these (``ingest,search,latency,congruence,faults``; search and
+latency need ingest). Writes ``<out>/sharded.json``.
 """
 from __future__ import annotations
 
@@ -168,6 +169,49 @@ def kills_during_ingest(ShardedIndex, x: np.ndarray, shards: int, kills: int, ba
         index.close()
 
 
+def ingest_search_latency(one, sharded, base: np.ndarray, queries: np.ndarray, gt: np.ndarray,
+                          args: argparse.Namespace, parts: set[str]) -> dict:
+    """The ingest figures, then (in ``parts``) the search and latency ones, of ``one`` Index
+    and the ``sharded`` collection filled with ``base``."""
+    out: dict = {}
+    (rate_one, rate_sharded), (settled_one, settled_sharded) = ingest_both(
+        [one, sharded], base, datasets.parse_count(args.chunk), args.batch, args.writers)
+    log(f"ingest: one Index {rate_one:.0f} rows/s, {args.shards} shards {rate_sharded:.0f} rows/s "
+        f"(x{rate_sharded / rate_one:.2f}); settled included {settled_one:.0f} and {settled_sharded:.0f} "
+        f"(x{settled_sharded / settled_one:.2f})")
+    out["ingest"] = {"one_rows_per_s": rate_one, "sharded_rows_per_s": rate_sharded,
+                     "ratio": rate_sharded / rate_one, "one_settled_rows_per_s": settled_one,
+                     "sharded_settled_rows_per_s": settled_sharded,
+                     "settled_ratio": settled_sharded / settled_one}
+    settings = [int(s) for s in args.settings.split(",")]
+    m = settings[-1]
+    if "search" in parts:
+        log("batch search, one Index")
+        p_one = sweep(one, queries, gt, settings, args.repeat)
+        log(f"batch search, {args.shards} shards")
+        p_sharded = sweep(sharded, queries, gt, settings, args.repeat)
+        q_one, q_sh = report.at_recall(p_one, args.target), report.at_recall(p_sharded, args.target)
+        out["search"] = {"one": p_one, "sharded": p_sharded, "target_recall": args.target,
+                         "one_qps_at_target": q_one, "sharded_qps_at_target": q_sh,
+                         "ratio": None if not (q_one and q_sh) else q_sh / q_one}
+        log(f"QPS at recall {args.target}: one {q_one}, sharded {q_sh}")
+        reach = [p["max_postings"] for p in p_sharded if p["recall"] >= args.target]
+        m = reach[0] if reach else m
+    if "latency" in parts:
+        lq = queries[:args.latency_queries]
+        out["latency"] = {"max_postings": m,
+                          "sharded": latency_idle_and_busy(sharded, lq, m, base, args.batch),
+                          "one": latency_idle_and_busy(one, lq, m, base, args.batch)}
+        for name in ("sharded", "one"):
+            r = out["latency"][name]
+            log(f"batch-1 {name}: p99 idle {r['idle']['p99']:.2f} ms, under ingest {r['under_ingest']['p99']:.2f} ms "
+                f"(x{r['p99_ratio']:.2f}; {r['ingest_per_s_meanwhile']:.0f} rows/s meanwhile)")
+    return out
+
+
+PARTS = ("ingest", "search", "latency", "congruence", "faults")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="synthetic-1m")
@@ -184,8 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--congruence-n", default="20k")
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--kill-rows", default="100k")
+    ap.add_argument("--parts", default=",".join(PARTS), help="which of %(default)s to run")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
+    parts = set(args.parts.split(","))
+    if parts - set(PARTS):
+        ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; choose from {','.join(PARTS)}")
+    if parts & {"search", "latency"} and "ingest" not in parts:
+        ap.error("--parts: search and latency run on the ingested collections: add ingest")
 
     import ray
 
@@ -198,53 +248,32 @@ def main(argv: list[str] | None = None) -> int:
     base, queries, gt = ds.base, ds.queries[:args.queries], ds.gt_ids[:args.queries]
     if args.limit:
         base = base[:datasets.parse_count(args.limit)]
-        gt = datasets.ground_truth(base, queries, 10, ds.metric)[0]
+        if "search" in parts:
+            gt = datasets.ground_truth(base, queries, 10, ds.metric)[0]
     root = tempfile.mkdtemp(prefix="vindex-sharded-")
     out: dict = {"dataset": args.dataset, "rows": int(base.shape[0]), "dim": int(base.shape[1]),
                  "shards": args.shards, "batch": args.batch, "writers": args.writers, "chunk": args.chunk,
                  "cpus": ray.cluster_resources().get("CPU")}
     try:
-        log(f"{base.shape[0]} rows, {queries.shape[0]} queries, {args.shards} shards")
-        one = vindex.Index.create(f"{root}/one", dim=base.shape[1], metric=ds.metric)
-        sharded = ShardedIndex.create("bench", base.shape[1], ds.metric, shards=args.shards, path=f"{root}/sharded")
-        (rate_one, rate_sharded), (settled_one, settled_sharded) = ingest_both(
-            [one, sharded], base, datasets.parse_count(args.chunk), args.batch, args.writers)
-        log(f"ingest: one Index {rate_one:.0f} rows/s, {args.shards} shards {rate_sharded:.0f} rows/s "
-            f"(x{rate_sharded / rate_one:.2f}); settled included {settled_one:.0f} and {settled_sharded:.0f} "
-            f"(x{settled_sharded / settled_one:.2f})")
-        out["ingest"] = {"one_rows_per_s": rate_one, "sharded_rows_per_s": rate_sharded,
-                         "ratio": rate_sharded / rate_one, "one_settled_rows_per_s": settled_one,
-                         "sharded_settled_rows_per_s": settled_sharded,
-                         "settled_ratio": settled_sharded / settled_one}
-        settings = [int(s) for s in args.settings.split(",")]
-        log("batch search, one Index")
-        p_one = sweep(one, queries, gt, settings, args.repeat)
-        log(f"batch search, {args.shards} shards")
-        p_sharded = sweep(sharded, queries, gt, settings, args.repeat)
-        q_one, q_sh = report.at_recall(p_one, args.target), report.at_recall(p_sharded, args.target)
-        out["search"] = {"one": p_one, "sharded": p_sharded, "target_recall": args.target,
-                         "one_qps_at_target": q_one, "sharded_qps_at_target": q_sh,
-                         "ratio": None if not (q_one and q_sh) else q_sh / q_one}
-        log(f"QPS at recall {args.target}: one {q_one}, sharded {q_sh}")
-        reach = [p["max_postings"] for p in p_sharded if p["recall"] >= args.target]
-        m = reach[0] if reach else settings[-1]
-        lq = queries[:args.latency_queries]
-        out["latency"] = {"max_postings": m,
-                          "sharded": latency_idle_and_busy(sharded, lq, m, base, args.batch),
-                          "one": latency_idle_and_busy(one, lq, m, base, args.batch)}
-        for name in ("sharded", "one"):
-            r = out["latency"][name]
-            log(f"batch-1 {name}: p99 idle {r['idle']['p99']:.2f} ms, under ingest {r['under_ingest']['p99']:.2f} ms "
-                f"(x{r['p99_ratio']:.2f}; {r['ingest_per_s_meanwhile']:.0f} rows/s meanwhile)")
-        one.close()
-        sharded.close()
-        n_cong = datasets.parse_count(args.congruence_n)
-        out["congruence"] = congruence(ShardedIndex, base[:n_cong], queries[:200], args.shards, root)
-        log(f"congruence: {out['congruence']}")
-        n_kill = datasets.parse_count(args.kill_rows)
-        out["faults"] = kills_during_ingest(ShardedIndex, base[:n_kill], args.shards, args.kills, args.batch, root,
-                                            seed=0)
-        log(f"faults: {out['faults']}")
+        log(f"{base.shape[0]} rows, {queries.shape[0]} queries, {args.shards} shards, parts {sorted(parts)}")
+        if "ingest" in parts:
+            one = vindex.Index.create(f"{root}/one", dim=base.shape[1], metric=ds.metric)
+            sharded = ShardedIndex.create("bench", base.shape[1], ds.metric, shards=args.shards,
+                                          path=f"{root}/sharded")
+            try:
+                out.update(ingest_search_latency(one, sharded, base, queries, gt, args, parts))
+            finally:
+                one.close()
+                sharded.close()
+        if "congruence" in parts:
+            n_cong = datasets.parse_count(args.congruence_n)
+            out["congruence"] = congruence(ShardedIndex, base[:n_cong], queries[:200], args.shards, root)
+            log(f"congruence: {out['congruence']}")
+        if "faults" in parts:
+            n_kill = datasets.parse_count(args.kill_rows)
+            out["faults"] = kills_during_ingest(ShardedIndex, base[:n_kill], args.shards, args.kills, args.batch,
+                                                root, seed=0)
+            log(f"faults: {out['faults']}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     report.write_json(f"{args.out}/sharded.json", out)
