@@ -97,3 +97,21 @@ def test_slow_searches_cut_the_writers_share():
         with pacing.write():
             pass
     assert pacing.duty == 1.0
+
+
+def test_overlapping_writers_are_charged_their_union_of_wall_time():
+    pacing = WritePacing(IndexConfig())  # no searches: the writers' share is all of the time
+    inside = threading.Barrier(2)
+
+    def write() -> None:
+        with pacing.write():
+            inside.wait()  # both writes running at once...
+            threading.Event().wait(0.3)  # ...for 0.3 s: 0.3 s of wall time, not 0.6
+
+    threads = [threading.Thread(target=write) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert pacing.duty == 1.0
+    assert pacing._pacer.paused_s == 0.0  # charged the sum, the second writer would pause 0.3 s

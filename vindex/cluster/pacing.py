@@ -6,11 +6,15 @@ holds the same interpreter lock. So, with the index's own ``io_scheduler`` and
 ``interactive_p99_ms``, a write here waits for running small searches before its stretch
 that holds the lock (at most the target), and the writer gets a share of wall time (at least
 ``UPDATE_DUTY_FLOOR``) that shrinks while small searches, timed end to end, miss the target.
+The share is of wall time with some write running: writers overlapping (several threads
+writing, each waiting for its shards) are charged their union, not the sum, which at full
+duty would pause them for as long as they overlap.
 Each replica's index paces its own part of the write the same way against its own searches.
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -26,6 +30,10 @@ class WritePacing:
         self._target = config.interactive_p99_ms / 1000
         self._pacer = BackgroundPacer(config.io_scheduler, self._target, clock=clock, floor=UPDATE_DUTY_FLOOR)
         self._searches = Readers()
+        self._lock = threading.Lock()
+        self._writing = 0  # writes running now
+        self._since = 0.0  # when the writer time below was last counted up to
+        self._uncharged = 0.0  # wall seconds with some write running, not yet charged
 
     @contextlib.contextmanager
     def search(self, n_queries: int, interactive: bool | None = None) -> Iterator[None]:
@@ -44,11 +52,31 @@ class WritePacing:
         after it (lock released) once it used its share."""
         if self._sla:
             self._searches.wait_for_searches(self._target)
-        started = time.perf_counter()
-        yield
-        pause = self._pacer.charge(time.perf_counter() - started)
+        self._enter()
+        try:
+            yield
+        finally:
+            pause = self._pacer.charge(self._leave())
         if pause > 0:
             time.sleep(pause)
+
+    def _count_up(self, now: float) -> None:
+        if self._writing:
+            self._uncharged += now - self._since
+        self._since = now
+
+    def _enter(self) -> None:
+        with self._lock:
+            self._count_up(time.perf_counter())
+            self._writing += 1
+
+    def _leave(self) -> float:
+        """Wall seconds with some write running since the last charge: this write's to charge."""
+        with self._lock:
+            self._count_up(time.perf_counter())
+            self._writing -= 1
+            seconds, self._uncharged = self._uncharged, 0.0
+            return seconds
 
     @property
     def duty(self) -> float:
