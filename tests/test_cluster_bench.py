@@ -18,3 +18,12 @@ def test_sharded_bench_runs_small(ray_local, tmp_path):
     assert out["congruence"]["identical_ids"] and out["congruence"]["identical_distances"]
     assert out["faults"]["lost"] == 0 and out["faults"]["kills"] >= 1
     assert out["ingest"]["sharded_rows_per_s"] > 0 and out["latency"]["sharded"]["idle"]["p99"] > 0
+
+
+def test_sharded_bench_refuses_unknown_or_dangling_parts(capsys):
+    from bench import sharded
+
+    for parts, says in (("ingest,bogus", "unknown ['bogus']"), ("search", "add ingest")):
+        with pytest.raises(SystemExit):
+            sharded.main(["--parts", parts])
+        assert says in capsys.readouterr().err
