@@ -1,8 +1,10 @@
 """One replica of one shard: the Ray actor that owns a :class:`vindex.Index` and its write log.
 
 The coordinator (:mod:`vindex.cluster.shard`) numbers a shard's writes 1, 2, 3...; a replica
-applies write ``n`` only after ``n - 1`` (:class:`BehindError` otherwise) and ignores one it
-already has, so a write retried after a crash is applied once. A replica starts (and restarts)
+applies write ``n`` only after ``n - 1`` and ignores one it already has, so a write retried
+after a crash is applied once. The coordinator keeps a few writes in flight per shard; Ray
+may start them out of order on the replica's write threads, so write ``n`` waits (up to
+``REORDER_WAIT_S``) for ``n - 1`` before it raises :class:`BehindError`. A replica starts (and restarts)
 not serving: the coordinator first brings it up to date from a peer's log, then calls
 :meth:`ShardReplica.serve`.
 """
@@ -29,9 +31,16 @@ from .writelog import WriteLog
 #: Threads of a replica actor's default concurrency group: searches and other reads run
 #: beside each other, never queued behind a write.
 ACTOR_CONCURRENCY = 16
-#: Writes (and catch-up) run on a concurrency group of their own, one thread: they are applied
-#: one at a time anyway, and that thread's CPU priority is set per write (:mod:`.priority`).
-CONCURRENCY_GROUPS = {"writes": 1}
+#: Writes a shard's coordinator keeps in flight to each replica: the next one is already queued
+#: at the replica while the coordinator collects the last acknowledgement.
+PIPELINE_DEPTH = 2
+#: Writes (and catch-up) run on a concurrency group of their own: they are applied one at a
+#: time, in order, under the replica's lock; the group has a thread per write in flight (a
+#: write waits on its thread for the one before it) and one for a catch-up. Each thread's CPU
+#: priority is set per write (:mod:`.priority`).
+CONCURRENCY_GROUPS = {"writes": PIPELINE_DEPTH + 1}
+#: Seconds a write waits for the write before it (started out of order) before it fails.
+REORDER_WAIT_S = 10.0
 
 
 def _serve_at_normal_priority() -> None:
@@ -80,6 +89,10 @@ class ShardReplica:
         self._fsync = config.get("durability") == "fsync"
         self.log = WriteLog(self._log_path, fsync=self._fsync)
         self._lock = threading.Lock()  # writes, catch-up and trims, one at a time
+        self._advanced = threading.Condition(self._lock)  # the log's last write changed
+        #: Catch-ups and snapshot copies, one at a time (a copy releases ``_lock`` while it
+        #: fetches; two repairs may drive this replica at once)
+        self._copying = threading.Lock()
         self._priority = WritePriority()
         self._serving = False
         last = self.log.last()
@@ -100,6 +113,7 @@ class ShardReplica:
         """Apply the shard's write number ``seq``; None if it was applied before."""
         self._priority.before_write()
         with self._lock:
+            self._advanced.wait_for(lambda: not self._serving or seq <= self.log.last_seq + 1, REORDER_WAIT_S)
             if not self._serving:
                 raise NotServingError("replica is recovering")
             if seq <= self.log.last_seq:
@@ -107,18 +121,20 @@ class ShardReplica:
             if seq != self.log.last_seq + 1:
                 raise BehindError(self.log.last_seq)
             self.log.append(seq, write)
+            self._advanced.notify_all()
             return self._apply(write, replay=False)
 
     @ray.method(concurrency_group="writes")
     def catch_up(self, records: list[tuple[int, tuple[str, dict]]]) -> int:
         """Apply a peer's log records this replica lacks; returns its sequence number after."""
-        with self._lock:
+        with self._copying, self._lock:
             for seq, write in records:
                 if seq <= self.log.last_seq:
                     continue
                 if seq != self.log.last_seq + 1:
                     raise BehindError(self.log.last_seq)
                 self.log.append(seq, write)
+                self._advanced.notify_all()
                 self._apply(write, replay=True)
             return self.log.last_seq
 
@@ -152,8 +168,13 @@ class ShardReplica:
     def restore_from(self, source: Any) -> int:
         """Replace this replica's index with a copy of ``source``'s (a peer actor) and its log
         with the copy's write number; returns that number. The replica stops serving."""
+        with self._copying:
+            return self._restore_from(source)
+
+    def _restore_from(self, source: Any) -> int:
         with self._lock:
             self._serving = False  # the coordinator counts it stale already
+            self._advanced.notify_all()
         sid, seq, last, listing = result(source.snapshot_begin.remote())
         incoming = os.path.join(self.path, "index.incoming")
         try:

@@ -1,8 +1,12 @@
 """One shard's replicas, seen from the coordinator: numbered writes, replica choice, repair.
 
-Writes to a shard are serialised here and numbered 1, 2, 3...; each goes to every replica
-that is in sync, in parallel, and is acknowledged once all of them have it in their write log
-and index. A replica that fails a call (dead, restarting, recovering) leaves the in-sync set;
+Writes to a shard are numbered here 1, 2, 3..., in the order they are sent; each goes to
+every replica that is in sync, in parallel, and is acknowledged once all of them have it in
+their write log and index. Up to ``PIPELINE_DEPTH`` writes are in flight per shard (each
+replica applies them in number order), so a replica's next write is already queued while the
+coordinator collects the last acknowledgement. Whatever needs the shard to itself (a repair,
+a checked ``add``) takes :attr:`Shard.lock`, which stops new writes, and waits for those in
+flight (:meth:`Shard.settle`). A replica that fails a call (dead, restarting, recovering) leaves the in-sync set;
 :meth:`Shard.repair` brings it back. While the shard goes on taking writes on its in-sync
 replicas, the stale one copies what it lacks from one of them: the log records after its own
 last write, or, when that log no longer reaches back (trimmed, or the replica lost its disk),
@@ -24,6 +28,7 @@ from typing import Any, Callable
 from vindex.errors import VindexError
 
 from .remote import REPLICA_DOWN, result
+from .replica import PIPELINE_DEPTH
 from .writelog import LogTrimmedError
 
 log = logging.getLogger("vindex.cluster")
@@ -48,6 +53,29 @@ class ShardUnavailableError(VindexError, RuntimeError):
     """No replica of a shard could take a call before its deadline."""
 
 
+class _Outcome:
+    """The result of a write resent by another thread (:meth:`Shard.settle`)."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def succeed(self, value: Any) -> None:
+        self._value = value
+        self._ready.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._ready.set()
+
+    def get(self) -> Any:
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 class Shard:
     def __init__(self, number: int, actors: list, timeout: float, on_stale: Callable[["Shard"], None]):
         self.number, self.actors, self.timeout = number, actors, timeout
@@ -65,6 +93,11 @@ class Shard:
         self.snapshots = 0  # of them, those that copied a peer's index
         self._catching_up = 0  # catch-ups running beside the writes
         self.writes_during_catch_up = 0  # writes acknowledged meanwhile
+        self._slots = threading.BoundedSemaphore(PIPELINE_DEPTH)  # writes in flight
+        self._flight = threading.Condition()  # guards the three below
+        self._in_flight = 0
+        self._acked_above: set[int] = set()  # writes acknowledged above ``acked``
+        self._failed: dict[int, tuple[tuple[str, dict], "_Outcome"]] = {}  # reached no replica
         #: Tenant I/O quotas (``tenant -> (postings_per_s, burst)``) a replica is given before it
         #: serves: a restarted one has lost them (they are not stored with an index).
         self.quotas: dict[str, tuple[float | None, float | None]] = {}
@@ -144,6 +177,7 @@ class Shard:
                 return seq
 
     def _repair_locked(self, timeout: float) -> bool:
+        self.settle()
         states = self._probe(list(range(len(self.actors))), timeout)
         if not states:
             return False
@@ -181,12 +215,100 @@ class Shard:
     # --- writes -------------------------------------------------------------------------------
     def write(self, write: tuple[str, dict]) -> Any:
         """Apply ``write`` on every in-sync replica; its result (a delete's count) once all of
-        them have it. Raises what the replicas raise for bad input (nothing is written then)."""
+        them have it. Raises what the replicas raise for bad input (nothing is written then).
+        Up to ``PIPELINE_DEPTH`` writes run at once, applied in the order they got the lock."""
+        with self._slots:
+            with self.lock:
+                targets = [r for r, ok in enumerate(self.in_sync) if ok]
+                if not targets or self._failed:  # a replica to wait for, writes to resend: in turn
+                    return self.write_locked(write)
+                self.seq += 1
+                seq = self.seq
+                refs = {r: self.actors[r].apply.remote(seq, write) for r in targets}
+                with self._flight:
+                    self._in_flight += 1
+            return self._collect_write(seq, write, refs)
+
+    def _collect_write(self, seq: int, write: tuple[str, dict], refs: dict) -> Any:
+        """The acknowledgement of write ``seq`` sent as ``refs``; one that reached no replica
+        is resent by :meth:`settle`, in number order, once a replica is back."""
+        done, out, error = self._gather(refs)
+        with self._flight:
+            self._in_flight -= 1
+            if done:
+                self._acknowledged(seq, done)
+            else:
+                outcome = self._failed[seq] = (write, _Outcome())
+            self._flight.notify_all()
+        if done:
+            return self._after_ack(seq, out, error)
         with self.lock:
-            return self.write_locked(write)
+            self.settle()
+        return outcome[1].get()
+
+    def _after_ack(self, seq: int, out: Any, error: VindexError | None) -> Any:
+        """Write ``seq`` acknowledged: its result, or the error its bad input raised."""
+        if self._catching_up:
+            self.writes_during_catch_up += 1
+        if seq % TRIM_EVERY == 0:
+            self._trim()
+        if error is not None:
+            raise error
+        return out
+
+    def _gather(self, refs: dict) -> tuple[list[int], Any, VindexError | None]:
+        """The replicas that answered, the first answer, and the error a bad input raised."""
+        done, out, error = [], None, None
+        for r, ref in refs.items():
+            try:
+                value = result(ref)
+            except REPLICA_DOWN as exc:
+                self._mark_stale(r, exc)
+                continue
+            except VindexError as exc:  # the same on every replica: logged, nothing written
+                value, error = None, exc
+            done.append(r)
+            out = value if out is None else out
+        return done, out, error
+
+    def _acknowledged(self, seq: int, replicas: list[int]) -> None:
+        """With ``_flight`` held: ``replicas`` have write ``seq``."""
+        for r in replicas:
+            self.known[r] = max(self.known[r], seq)
+        self._acked_above.add(seq)
+        while self.acked + 1 in self._acked_above:
+            self.acked += 1
+            self._acked_above.discard(self.acked)
+
+    def settle(self) -> None:
+        """With :attr:`lock` held: wait for the writes in flight, then resend, in number order,
+        those that reached no replica (a repair first spreads any a replica logged before going
+        down). Afterwards no write is in flight and ``seq == acked``."""
+        with self._flight:
+            self._flight.wait_for(lambda: self._in_flight == 0)
+            failed, self._failed = sorted(self._failed.items()), {}
+            self._acked_above.clear()
+        if not failed:
+            return
+        self.seq = self.acked  # every write after acked is one of the failed
+        error: BaseException | None = None
+        for seq, (write, outcome) in failed:
+            if error is not None:  # the shard is unavailable: the later ones fail alike
+                outcome.fail(error)
+            elif seq <= self.acked:  # a replica logged it before going down; a repair spread it
+                outcome.succeed(None)
+            else:
+                try:  # the writes before it are in: it goes out as the same number
+                    outcome.succeed(self.write_locked(write))
+                except ShardUnavailableError as exc:
+                    outcome.fail(exc)
+                    error = exc
+                except BaseException as exc:  # noqa: BLE001 - bad input: that write's caller gets it
+                    outcome.fail(exc)
 
     def write_locked(self, write: tuple[str, dict]) -> Any:
-        """:meth:`write`, the caller holding :attr:`lock`."""
+        """:meth:`write` alone on the shard (none in flight), the caller holding :attr:`lock`."""
+        self.settle()
         deadline = time.monotonic() + self.timeout
         seq = self.seq + 1
         while True:
@@ -196,28 +318,12 @@ class Shard:
                     return None
             targets = [r for r, ok in enumerate(self.in_sync) if ok]
             refs = {r: self.actors[r].apply.remote(seq, write) for r in targets}
-            done, out, error = [], None, None
-            for r, ref in refs.items():
-                try:
-                    value = result(ref)
-                except REPLICA_DOWN as exc:
-                    self._mark_stale(r, exc)
-                    continue
-                except VindexError as exc:  # the same on every replica: logged, nothing written
-                    value, error = None, exc
-                done.append(r)
-                out = value if out is None else out
+            done, out, error = self._gather(refs)
             if done:
                 self.seq = self.acked = seq
                 for r in done:
                     self.known[r] = seq
-                if self._catching_up:
-                    self.writes_during_catch_up += 1
-                if seq % TRIM_EVERY == 0:
-                    self._trim()
-                if error is not None:
-                    raise error
-                return out
+                return self._after_ack(seq, out, error)
             # it reached no replica that answered: once one is back, retried as the same number
 
     def _trim(self) -> None:

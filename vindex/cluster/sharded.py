@@ -27,6 +27,7 @@ from vindex.strids import StrIds
 from . import manifest as layout, placement, routing
 from .merge import merge
 from .pacing import WritePacing
+from .replica import PIPELINE_DEPTH
 from .shard import Shard
 
 #: Seconds a call waits for some replica of a shard to answer (restarting actors) before failing.
@@ -85,7 +86,8 @@ class ShardedIndex:
         self._repairs = repairs
         self._config = IndexConfig.from_kwargs(dict(manifest.config))
         self._pacing = WritePacing(self._config)
-        self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="vindex-shard")
+        # a thread per write in flight to each shard
+        self._pool = ThreadPoolExecutor(max_workers=len(shards) * PIPELINE_DEPTH, thread_name_prefix="vindex-shard")
         self._kind_lock = threading.Lock()
         self._closed = False
 
@@ -322,6 +324,7 @@ class ShardedIndex:
         with contextlib.ExitStack() as stack:
             for s in sorted(writes):
                 stack.enter_context(self._shards[s].lock)
+                self._shards[s].settle()  # the writes in flight are in before the check
             yield
 
     def _refuse(self, writes: dict, bad: Any, error: type, what: str) -> None:
