@@ -74,3 +74,35 @@ def test_concurrent_writers_with_kills_keep_the_last_acknowledged_vector(ray_loc
         assert len(index) == writers * ids_each
         shards = index._shards
         assert all(s.seq == s.acked for s in shards)
+
+
+def test_checked_writes_beside_a_stream_of_upserts(ray_local, tmp_path):
+    rng = np.random.default_rng(4)
+    with ShardedIndex.create("a", DIM, shards=2, replicas=1, path=tmp_path / "c", actor_cpus=CPUS) as index:
+        stop, errors = threading.Event(), []
+
+        def upserts(w: int) -> None:
+            ids = np.arange(w * 100, (w + 1) * 100)
+            try:
+                while not stop.is_set():  # the pool's threads busy with (or waiting for) shard writes
+                    index.upsert(ids, rng.normal(size=(100, DIM)).astype(np.float32))
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                errors.append(exc)
+
+        threads = [threading.Thread(target=upserts, args=(w,)) for w in range(6)]
+        for t in threads:
+            t.start()
+        adder = threading.Thread(target=lambda: [
+            index.add(np.arange(10_000 + 50 * i, 10_050 + 50 * i), np.ones((50, DIM), np.float32) * i)
+            for i in range(10)])
+        adder.start()
+        adder.join(120.0)
+        stop.set()
+        for t in threads:
+            t.join(60.0)
+        assert not adder.is_alive(), "add waited for ever beside the upserts"
+        assert not errors, errors
+        got = index.get(np.arange(10_000, 10_500))
+        assert got.found.all()
+        np.testing.assert_array_equal(got.vectors, np.repeat(np.arange(10, dtype=np.float32), 50)[:, None]
+                                      * np.ones((1, DIM), np.float32))

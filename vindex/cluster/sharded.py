@@ -341,13 +341,12 @@ class ShardedIndex:
             raise error(f"{what}: {preview(wrong)}", wrong)
 
     def _apply(self, writes: dict, locked: bool = False) -> list:
-        """Run each shard's write, shards in parallel; their results."""
-        def one(s: int) -> Any:
-            shard = self._shards[s]
-            if locked:
-                return shard.write_locked(writes[s])
-            return shard.write(writes[s])
-        futures = [self._pool.submit(one, s) for s in sorted(writes)]
+        """Run each shard's write, shards in parallel; their results. Writes under the locks
+        this thread holds (``locked``) run on it, one shard after the other: the pool's
+        threads may all be waiting for those locks."""
+        if locked:
+            return [self._shards[s].write_locked(writes[s]) for s in sorted(writes)]
+        futures = [self._pool.submit(self._shards[s].write, writes[s]) for s in sorted(writes)]
         return [f.result() for f in futures]
 
     def delete(self, ids: Any = None, *, filter: Any = None) -> int:
