@@ -37,33 +37,33 @@ _pwrite.restype = ctypes.c_ssize_t
 _pwrite.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64)
 
 
-#: How far past the quantizer's range (in steps) a value may lie and still be coded. A
-#: value clipped further would misplace its record (vectors that drifted past the trained
-#: range all share the end code, and their estimates tie), so its posting is not coded.
-CLIP_STEPS = 1.0
-
-
 @nb.njit(**_q)
 def encode(recs_u, recs_f, lo, inv_scale, out_u, out_b):
     """Code records of float32 records ``recs_u``/``recs_f`` (``(n, dim + 2)`` views of the
     same rows) into ``out_u``/``out_b`` (``(n, words)`` uint32 and its bytes). Returns per
-    record whether a value lay more than ``CLIP_STEPS`` outside the range (clipped)."""
+    record whether clipping to the range moved it further than rounding does (squared, in
+    steps: rounding's is ``dim / 12`` on average): such a record would be misplaced
+    (vectors that drifted past the trained range all share the end codes, and their
+    estimates tie), so its posting is not coded. A tail value a few steps out is coded."""
     dim = lo.shape[0]
     clipped = np.zeros(recs_u.shape[0], dtype=np.bool_)
-    low = np.float32(-CLIP_STEPS + 0.5)
-    high = np.float32(255.5 + CLIP_STEPS)
+    budget = max(np.float32(dim) / np.float32(12.0), np.float32(1.0))
     for e in range(recs_u.shape[0]):
         out_u[e, 0] = recs_u[e, 0]
         out_u[e, 1] = recs_u[e, 1]
+        excess = np.float32(0.0)
         for d in range(dim):
             c = (recs_f[e, 2 + d] - lo[d]) * inv_scale[d] + np.float32(0.5)
-            if not (c >= low and c <= high):  # (NaN never reaches a store)
-                clipped[e] = True
             if c < 0:
+                excess += c * c
                 c = 0
+            elif c > 256:
+                excess += (c - 256) * (c - 256)
+                c = 255
             elif c > 255:
                 c = 255
             out_b[e, HEADER_BYTES + d] = np.uint8(c)
+        clipped[e] = excess > budget
         for d in range(HEADER_BYTES + dim, out_b.shape[1]):
             out_b[e, d] = 0
     return clipped

@@ -22,10 +22,11 @@ the codes at open, so a crash between a commit and its ``pwrite`` costs nothing.
 
 The quantizer (per-dimension ``lo`` and ``scale``) is trained on the first records the
 store codes: the build's postings, or at open the first postings read; values outside its
-range by up to a step are clipped (the rerank is exact); a posting holding a record further
-out (the data drifted past what the quantizer saw) is not coded, so a search scans it as
-float32: its codes would all sit at the range's end, tie, and leave the true neighbours out
-of the rerank (``stats()["codes_refused"]`` counts such postings).
+range are clipped (the rerank is exact) while clipping moves a record less than rounding
+does (``native.codes.encode``); a posting holding a record moved further (the data drifted
+past what the quantizer saw) is not coded, so a search scans it as float32: its codes would
+all sit at the range's end, tie, and leave the true neighbours out of the rerank
+(``stats()["codes_refused"]`` counts such postings).
 """
 from __future__ import annotations
 
@@ -190,10 +191,13 @@ class PostingCodes:
         nxt.code_reads, nxt.rerank_reads = self.code_reads, self.rerank_reads
         return nxt
 
-    def keep(self, entries: list[tuple[int, int, int, np.ndarray]]) -> None:
+    def keep(self, entries: list[tuple[int, int, int, np.ndarray]], train: bool = True) -> None:
         """Code and keep whole postings ``(pid, span word, generation, record bytes)`` (none
-        before the quantizer is trained: see ``MIN_TRAIN_RECORDS``)."""
+        before the quantizer is trained: see ``MIN_TRAIN_RECORDS``; ``train`` False: none
+        then, these postings being no fair sample of the data)."""
         if self.ring.capacity and entries:
+            if self.lo is None and not train:
+                return
             if self.lo is None:  # the first postings coded: train on all of them
                 self.train(record_view(np.concatenate([e[3] for e in entries]), self.dim)[0])
                 if self.lo is None:

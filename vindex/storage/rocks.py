@@ -100,6 +100,9 @@ KEPT_SHARE = 0.25
 VECTORS_SUFFIX = "-vectors.f32"
 #: Postings per read when the codes are built at open.
 CODES_BUILD_READ = 1024
+#: Postings, spread over the whole store, an opened store's quantizer is trained on (postings
+#: are numbered region by region: the first ones read would fit the range to a few regions).
+CODES_TRAIN_POSTINGS = 512
 #: Default for ``RocksStore(resume_free_bytes=)``: room needed, beyond the write-ahead logs
 #: that reopening writes out as tables, before a store stopped by a full disk writes again.
 RESUME_FREE_BYTES = 1 << 20
@@ -529,11 +532,15 @@ class RocksStore:
                 self._codes_build.start()
 
     def wait_codes(self, timeout: float | None = None) -> bool:
-        """Wait until a build of the codes that has started is done; False on ``timeout``."""
-        build = self._codes_build
-        if build is not None:
-            build.join(timeout)
-            return not build.is_alive()
+        """Wait until a build of the codes that has started is done (and one a build started
+        as it ended: ``_maybe_retrain_codes``); False on ``timeout``."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while (build := self._codes_build) is not None:
+            build.join(None if end is None else max(end - time.monotonic(), 0.0))
+            if build.is_alive():
+                return False
+            if self._codes_build is build:
+                return True
         return True
 
     def _maybe_retrain_codes(self) -> None:
@@ -545,7 +552,8 @@ class RocksStore:
             return
         with self._codes_lock:
             build = self._codes_build
-            if self._codes is not codes or (build is not None and build.is_alive()) or self._codes_stop.is_set():
+            running = build is not None and build.is_alive() and build is not threading.current_thread()
+            if self._codes is not codes or running or self._codes_stop.is_set():
                 return  # swapped already, or a build runs (it will refuse again: retrained after)
             self._codes = fresh = codes.successor()
             self._codes_begun = True
@@ -566,20 +574,34 @@ class RocksStore:
         started = time.perf_counter()
         pids = np.flatnonzero(self._spans.array() & _CHUNKS_MASK).astype(np.int64)
         rs = self.record_size
+        if codes.lo is None and pids.size:  # an opened store: train on postings from everywhere
+            spread = np.unique(np.linspace(0, pids.size - 1, min(pids.size, CODES_TRAIN_POSTINGS)).astype(np.int64))
+            got = self._read_whole(pids[spread])
+            if got is not None:
+                codes.train(got[1].view(np.float32).reshape(-1, rs // 4))
         for lo in range(0, pids.shape[0], CODES_BUILD_READ):
             if self._codes_stop.is_set() or self._codes is not codes:
                 return
-            part = pids[lo:lo + CODES_BUILD_READ]
-            version = self._dir_version
-            plan = self._chunk_keys(part, self._gens.get(part), None, False)
-            values = self._multi_get(plan.keys, IOClass.BACKGROUND) if plan.keys else []
-            if version % 2 or version != self._dir_version:  # those postings are coded when a search reads them
+            got = self._read_whole(pids[lo:lo + CODES_BUILD_READ])
+            if got is None:  # those postings are coded when a search reads them
                 continue
-            data, offsets = self._gather(values, plan)
+            plan, data, offsets = got
             offs = offsets.tolist()
             codes.keep([(p, span, gen, data[offs[i] * rs:offs[i + 1] * rs])
                         for i, (p, span, gen) in enumerate(zip(plan.pids, plan.spans, plan.gens))])
         codes.build_seconds = time.perf_counter() - started
+        self._maybe_retrain_codes()
+
+    def _read_whole(self, pids: np.ndarray) -> tuple["_ReadPlan", np.ndarray, np.ndarray] | None:
+        """``(plan, record bytes, offsets)`` of postings ``pids`` read whole in the background
+        class, outside the block cache; None if a commit changed the directory meanwhile."""
+        version = self._dir_version
+        plan = self._chunk_keys(pids, self._gens.get(pids), None, False)
+        values = self._multi_get(plan.keys, IOClass.BACKGROUND) if plan.keys else []
+        if version % 2 or version != self._dir_version:
+            return None
+        data, offsets = self._gather(values, plan)
+        return plan, data, offsets
 
     def _learn_codes(self, plan: "_ReadPlan", data: np.ndarray, offsets: np.ndarray) -> None:
         """Code the postings a search read whole whose codes the store does not hold as they
@@ -592,7 +614,9 @@ class RocksStore:
                                           np.asarray(plan.spans, dtype=np.int64))
         offs = offsets.tolist()
         codes.keep([(plan.pids[i], plan.spans[i], plan.gens[i], data[offs[i] * rs:offs[i + 1] * rs])
-                    for i in np.flatnonzero(~usable).tolist()])
+                    for i in np.flatnonzero(~usable).tolist()],
+                   # a search's postings are a few regions: an opened store's build trains on all
+                   train=self._codes_build is None)
         self._maybe_retrain_codes()
 
     def _code_commit(self, change: Change, pids: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
