@@ -74,6 +74,7 @@ def beam_search(q, heads, nbrs, entries, metric, visited, stamp, bd, bi, bx):
         e = entries[t]
         if e >= 0 and visited[e] != stamp:
             visited[e] = stamp
+            prefetch_row(heads, e)
             fresh[n_fresh] = e
             n_fresh += 1
             if n_fresh == degree:

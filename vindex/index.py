@@ -38,6 +38,7 @@ from .verify import verify as verify_index
 
 #: ``include`` of a search that asks for nothing beside ids and distances.
 _NOTHING: frozenset[str] = frozenset()
+_HALF = np.float32(0.5)
 #: Attempts of an optimistic ``get`` before it reads under the writers' lock.
 GET_RETRIES = 3
 #: Rows of metadata and documents per store write of a bulk build.
@@ -370,7 +371,7 @@ class Index:
             ids, dists = filtered.recheck(st, f, ids, dists)
             work["filter_matches"] = fplan.matches
         if self.metric == "cosine":
-            dists *= np.float32(0.5)  # |a - b|^2 = 2 - 2cos for unit vectors (the search's own array)
+            dists *= _HALF  # |a - b|^2 = 2 - 2cos for unit vectors (the search's own array)
         eng.observe_search(time.perf_counter() - started, q.shape[0])
         self._tap.searched(q)
         return SearchResult(idkinds.to_user(st, ids), dists, work,

@@ -30,6 +30,7 @@ class Readers:
         self._next = 0
         self._reading = 0
         self._writing = False
+        self._yielding = 0  # threads in ``wait_for_searches``: what ``end`` must wake
 
     # --- tickets ------------------------------------------------------------------------------
     def begin(self, interactive: bool = True) -> int:
@@ -44,7 +45,7 @@ class Readers:
         with self._lock:
             if self._active.pop(ticket, False):
                 self._interactive -= 1
-                if not self._interactive:
+                if not self._interactive and self._yielding:
                     self._cv.notify_all()
 
     def wait_for_searches(self, timeout: float) -> bool:
@@ -57,7 +58,11 @@ class Readers:
         (``interactive=False`` in ``search``) are throughput work: yielding to them, back to
         back, held rebalancing to about one step per ``timeout`` (docs/sla.md)."""
         with self._lock:
-            return self._cv.wait_for(lambda: not self._interactive, timeout)
+            self._yielding += 1
+            try:
+                return self._cv.wait_for(lambda: not self._interactive, timeout)
+            finally:
+                self._yielding -= 1
 
     def now(self) -> int:
         """A ticket boundary: searches holding smaller tickets started before this call."""
