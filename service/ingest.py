@@ -134,8 +134,10 @@ def _split(first: Records, rest: Iterator[Records]) -> Iterator[Records]:
     """Every batch, cut where its rows' bytes would pass ``CHUNK_BYTES``."""
     for rec in itertools.chain([first], rest):
         sizes = np.full(len(rec), rec.vectors.shape[1] * 4, dtype=np.int64)
-        if rec.metadata is not None:
+        if isinstance(rec.metadata, list):
             sizes += [0 if m is None else len(json.dumps(m)) for m in rec.metadata]
+        elif rec.metadata is not None:  # columns: their bytes shared out evenly
+            sizes += rec.metadata.nbytes // max(len(rec), 1)
         if rec.documents is not None:
             sizes += [0 if d is None else len(d.encode()) for d in rec.documents]
         lo, total = 0, 0

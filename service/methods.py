@@ -22,7 +22,7 @@ from . import vindex_pb2 as pb
 from .arguments import id_fields, include_names, rows_of, set_filter
 from .calls import Call, MethodsBase, Pages, StreamTotal, UpsertStream, client_method
 from .channels import ClientBase, Connection
-from .payloads import encode_rows, to_struct
+from .payloads import arrow_bytes, encode_rows, is_arrow_table, to_struct
 from .remote_results import get_result, search_result
 
 #: Rows per message when ``upsert_many`` splits an array.
@@ -78,6 +78,11 @@ class CollectionMethods(MethodsBase):
         n = len(i)
         req = pb.UpsertRequest(collection=self.name, vectors=x.tobytes(), dim=x.shape[1], add_only=add_only,
                                **fields)
+        if is_arrow_table(metadata):  # columns: the server hands them to Index.upsert as they are
+            if metadata.num_rows != n:
+                raise errors.LengthMismatchError(f"metadata: {metadata.num_rows} rows for {n} ids; expected one per row")
+            req.metadata_arrow = arrow_bytes(metadata)
+            metadata = None
         encode_rows(req, rows_of(metadata, n, "metadata", dict), rows_of(documents, n, "documents", str))
         return req
 
@@ -128,7 +133,8 @@ class CollectionMethods(MethodsBase):
     @client_method
     def upsert(self, ids: Any, vectors: Any, *, metadata: Any = None, documents: Any = None) -> Call[None]:
         """Insert ``ids`` or replace their records (vector, and ``metadata`` / ``documents``:
-        one dict / str or None per row); returns once durable and visible."""
+        one dict / str or None per row; ``metadata`` also as columns, a pyarrow Table or
+        RecordBatch); returns once durable and visible."""
         return self._write(ids, vectors, False, metadata, documents)
 
     @client_method

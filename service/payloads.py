@@ -88,10 +88,47 @@ def _rows(values: Sequence[Any], flags: Sequence[bool], rows: int, field: str, m
     return [None if m else convert(v) for v, m in zip(values, missing)]
 
 
-def decode_metadata(request: Any, rows: int, max_rows: int, rows_are: str = "ids") -> list[dict | None] | None:
-    """The request's ``metadata`` (with ``no_metadata``): None, or one dict or None per row."""
+def decode_metadata(request: Any, rows: int, max_rows: int, rows_are: str = "ids") -> Any:
+    """The request's ``metadata`` (with ``no_metadata``): None, or one dict or None per row; or
+    an upsert's ``metadata_arrow`` as a pyarrow Table (columns, which ``Index.upsert`` takes)."""
+    if getattr(request, "metadata_arrow", b""):
+        if len(request.metadata) or len(request.no_metadata):
+            raise errors.InvalidInputError("metadata_arrow: send metadata as rows or as columns, not both")
+        return arrow_columns(request.metadata_arrow, rows, rows_are)
     return _rows(request.metadata, request.no_metadata, rows, "metadata", "no_metadata", rows_are, max_rows,
                  from_struct)
+
+
+def is_arrow_table(metadata: Any) -> bool:
+    """Whether ``metadata`` is columns as a pyarrow Table or RecordBatch."""
+    return type(metadata).__module__.startswith("pyarrow") and hasattr(metadata, "column_names")
+
+
+def arrow_bytes(columns: Any) -> bytes:
+    """A pyarrow Table or RecordBatch as an Arrow IPC stream (``metadata_arrow``)."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, columns.schema) as writer:
+        writer.write(columns)
+    return sink.getvalue().to_pybytes()
+
+
+def arrow_columns(data: bytes, rows: int, rows_are: str) -> Any:
+    """``metadata_arrow`` as a pyarrow Table of ``rows`` rows."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise errors.InvalidInputError("metadata_arrow: this server has no pyarrow to read it; send metadata "
+                                       "as rows") from None
+    try:
+        table = pa.ipc.open_stream(data).read_all()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise errors.InvalidInputError(f"metadata_arrow: not an Arrow IPC stream ({e})") from None
+    if table.num_rows != rows:
+        raise errors.LengthMismatchError(f"metadata_arrow: {table.num_rows} rows for {rows} {rows_are}; expected "
+                                         f"one per row")
+    return table
 
 
 def decode_documents(request: Any, rows: int, max_rows: int, rows_are: str = "ids") -> list[str | None] | None:

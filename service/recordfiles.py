@@ -34,15 +34,26 @@ class Records:
     first: int
     ids: np.ndarray | list[str]
     vectors: np.ndarray                      # (n, dim) float32
-    metadata: list[dict | None] | None       # None: the file has no metadata
+    #: one dict or None per row, or columns (a pyarrow RecordBatch, a column per key: a parquet
+    #: struct column without null rows); None: the file has no metadata
+    metadata: list[dict | None] | Any | None
     documents: list[str | None] | None       # None: the file has no documents
 
     def __len__(self) -> int:
         return len(self.ids)
 
+    def metadata_rows(self) -> list[dict | None] | None:
+        """``metadata`` as one dict or None per row (columns: a null leaves its key out)."""
+        if self.metadata is None or isinstance(self.metadata, list):
+            return self.metadata
+        names, columns = self.metadata.schema.names, [c.to_pylist() for c in self.metadata.columns]
+        return [{k: c[i] for k, c in zip(names, columns) if c[i] is not None} for i in range(len(self))]
+
     def slice(self, lo: int, hi: int) -> "Records":
-        def part(rows: list | None) -> list | None:
-            return None if rows is None else rows[lo:hi]
+        def part(rows: Any) -> Any:
+            if rows is None:
+                return None
+            return rows[lo:hi] if isinstance(rows, list) else rows.slice(lo, hi - lo)
         return Records(self.first + lo, self.ids[lo:hi], self.vectors[lo:hi], part(self.metadata),
                        part(self.documents))
 
@@ -173,12 +184,20 @@ class ParquetRecords:
             if not struct and not pa.types.is_string(meta.type) and not pa.types.is_large_string(meta.type):
                 raise RecordError(f"{self.path}: column metadata: expected a struct or a string of JSON, got "
                                   f"{meta.type}")
-            values = meta.to_pylist()
-            if struct:  # a struct gives every row every field: leave out the ones a row does not set
-                values = [None if v is None else {k: f for k, f in v.items() if f is not None} for v in values]
-            metadata = _metadata(self.path, first, values, json_text=not struct)
+            if struct and not meta.null_count and meta.type.num_fields:
+                # as columns, a null field leaving the key out of its row (a struct gives every
+                # row every field): Index.upsert checks and indexes them a column at a time
+                metadata = pa.RecordBatch.from_struct_array(meta)
+            else:
+                values = meta.to_pylist()
+                if struct:  # leave out the fields a row does not set, as above
+                    values = [None if v is None else {k: f for k, f in v.items() if f is not None} for v in values]
+                metadata = _metadata(self.path, first, values, json_text=not struct)
         doc = cols.get("document")
-        documents = None if doc is None else _documents(self.path, first, doc.to_pylist())
+        documents = None
+        if doc is not None:
+            string = pa.types.is_string(doc.type) or pa.types.is_large_string(doc.type)
+            documents = doc.to_pylist() if string else _documents(self.path, first, doc.to_pylist())
         return Records(first, _ids(self.path, first, cols["id"].to_pylist()), x, metadata, documents)
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cvindex.proto\x12\tvindex.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x81\x01\n\x17\x43reateCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x04 \x01(\t\x12\x15\n\rif_not_exists\x18\x05 \x01(\x08\x12\x0f\n\x07id_type\x18\x06 \x01(\t\"p\n\x0e\x43ollectionInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\x12\x13\n\x0b\x63onfig_json\x18\x05 \x01(\t\x12\x0f\n\x07id_type\x18\x06 \x01(\t\"%\n\x15\x44ropCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\")\n\x16\x44ropCollectionResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\"\x18\n\x16ListCollectionsRequest\"I\n\x17ListCollectionsResponse\x12.\n\x0b\x63ollections\x18\x01 \x03(\x0b\x32\x19.vindex.v1.CollectionInfo\")\n\x19\x44\x65scribeCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xf0\x01\n\rUpsertRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x0f\n\x07vectors\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\x10\n\x08\x61\x64\x64_only\x18\x05 \x01(\x08\x12\x15\n\rfloat_vectors\x18\x06 \x03(\x02\x12\x0f\n\x07str_ids\x18\x07 \x03(\t\x12)\n\x08metadata\x18\x08 \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0bno_metadata\x18\t \x03(\x08\x12\x11\n\tdocuments\x18\n \x03(\t\x12\x13\n\x0bno_document\x18\x0b \x03(\x08\"\"\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\x04\";\n\tUpsertAck\x12\r\n\x05\x63hunk\x18\x01 \x01(\x04\x12\x10\n\x08upserted\x18\x02 \x01(\x04\x12\r\n\x05total\x18\x03 \x01(\x04\"j\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x0f\n\x07str_ids\x18\x03 \x03(\t\x12\'\n\x06\x66ilter\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"O\n\nGetRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x0f\n\x07str_ids\x18\x03 \x03(\t\x12\x0f\n\x07include\x18\x04 \x03(\t\"\xa2\x01\n\x0bGetResponse\x12\x0f\n\x07vectors\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\r\n\x05\x66ound\x18\x03 \x03(\x08\x12)\n\x08metadata\x18\x04 \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0bno_metadata\x18\x05 \x03(\x08\x12\x11\n\tdocuments\x18\x06 \x03(\t\x12\x13\n\x0bno_document\x18\x07 \x03(\x08\"\xa4\x02\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0f\n\x07queries\x18\x02 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x03 \x01(\r\x12\t\n\x01k\x18\x04 \x01(\r\x12\x14\n\x0cmax_postings\x18\x05 \x01(\r\x12\x10\n\x03\x65ps\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\n\n\x02\x65\x66\x18\x07 \x01(\r\x12\x15\n\rfloat_queries\x18\x08 \x03(\x02\x12\n\n\x02nq\x18\t \x01(\r\x12\'\n\x06\x66ilter\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07include\x18\x0b \x03(\t\x12\x0f\n\x07threads\x18\x0c \x01(\r\x12\x1a\n\rrecall_target\x18\r \x01(\x02H\x01\x88\x01\x01\x42\x06\n\x04_epsB\x10\n\x0e_recall_target\"\xc5\x02\n\x0eSearchResponse\x12\n\n\x02nq\x18\x01 \x01(\r\x12\t\n\x01k\x18\x02 \x01(\r\x12\x0b\n\x03ids\x18\x03 \x03(\x03\x12\x11\n\tdistances\x18\x04 \x03(\x02\x12\x10\n\x08postings\x18\x05 \x01(\x04\x12\x17\n\x0frecords_scanned\x18\x06 \x01(\x04\x12\x0f\n\x07partial\x18\x07 \x01(\x08\x12\x18\n\x10postings_dropped\x18\x08 \x01(\x04\x12\x0f\n\x07id_type\x18\t \x01(\t\x12\x0f\n\x07str_ids\x18\n \x03(\t\x12)\n\x08metadata\x18\x0b \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0bno_metadata\x18\x0c \x03(\x08\x12\x11\n\tdocuments\x18\r \x03(\t\x12\x13\n\x0bno_document\x18\x0e \x03(\x08\x12\x0f\n\x07vectors\x18\x0f \x01(\x0c\x12\x0b\n\x03\x64im\x18\x10 \x01(\r\"K\n\x0c\x43ountRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\'\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x1e\n\rCountResponse\x12\r\n\x05\x63ount\x18\x01 \x01(\x04\"\x80\x01\n\rScrollRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\'\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\r\x12\x0f\n\x07include\x18\x04 \x03(\t\x12\x12\n\npage_token\x18\x05 \x01(\t\"\xde\x01\n\x0eScrollResponse\x12\x0f\n\x07id_type\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x0f\n\x07str_ids\x18\x03 \x03(\t\x12)\n\x08metadata\x18\x04 \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0bno_metadata\x18\x05 \x03(\x08\x12\x11\n\tdocuments\x18\x06 \x03(\t\x12\x13\n\x0bno_document\x18\x07 \x03(\x08\x12\x0f\n\x07vectors\x18\x08 \x01(\x0c\x12\x0b\n\x03\x64im\x18\t \x01(\r\x12\x17\n\x0fnext_page_token\x18\n \x01(\t\"\x82\x01\n\x12SetMetadataRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x0f\n\x07str_ids\x18\x03 \x03(\t\x12)\n\x08metadata\x18\x04 \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07replace\x18\x05 \x01(\x08\"&\n\x13SetMetadataResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x04\"\"\n\x0cStatsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"#\n\rStatsResponse\x12\x12\n\nstats_json\x18\x01 \x01(\t\"5\n\x0c\x46lushRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\twait_idle\x18\x02 \x01(\x08\"\x1d\n\rFlushResponse\x12\x0c\n\x04idle\x18\x01 \x01(\x08\x32\xe0\x07\n\x0bVectorIndex\x12Q\n\x10\x43reateCollection\x12\".vindex.v1.CreateCollectionRequest\x1a\x19.vindex.v1.CollectionInfo\x12U\n\x0e\x44ropCollection\x12 .vindex.v1.DropCollectionRequest\x1a!.vindex.v1.DropCollectionResponse\x12X\n\x0fListCollections\x12!.vindex.v1.ListCollectionsRequest\x1a\".vindex.v1.ListCollectionsResponse\x12U\n\x12\x44\x65scribeCollection\x12$.vindex.v1.DescribeCollectionRequest\x1a\x19.vindex.v1.CollectionInfo\x12=\n\x06Upsert\x12\x18.vindex.v1.UpsertRequest\x1a\x19.vindex.v1.UpsertResponse\x12\x42\n\x0cUpsertStream\x12\x18.vindex.v1.UpsertRequest\x1a\x14.vindex.v1.UpsertAck(\x01\x30\x01\x12=\n\x06\x44\x65lete\x12\x18.vindex.v1.DeleteRequest\x1a\x19.vindex.v1.DeleteResponse\x12\x34\n\x03Get\x12\x15.vindex.v1.GetRequest\x1a\x16.vindex.v1.GetResponse\x12=\n\x06Search\x12\x18.vindex.v1.SearchRequest\x1a\x19.vindex.v1.SearchResponse\x12:\n\x05\x43ount\x12\x17.vindex.v1.CountRequest\x1a\x18.vindex.v1.CountResponse\x12=\n\x06Scroll\x12\x18.vindex.v1.ScrollRequest\x1a\x19.vindex.v1.ScrollResponse\x12L\n\x0bSetMetadata\x12\x1d.vindex.v1.SetMetadataRequest\x1a\x1e.vindex.v1.SetMetadataResponse\x12:\n\x05Stats\x12\x17.vindex.v1.StatsRequest\x1a\x18.vindex.v1.StatsResponse\x12:\n\x05\x46lush\x12\x17.vindex.v1.FlushRequest\x1a\x18.vindex.v1.FlushResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cvindex.proto\x12\tvindex.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x81\x01\n\x17\x43reateCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x04 \x01(\t\x12\x15\n\rif_not_exists\x18\x05 \x01(\x08\x12\x0f\n\x07id_type\x18\x06 \x01(\t\"p\n\x0e\x43ollectionInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x0e\n\x06metric\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\x12\x13\n\x0b\x63onfig_json\x18\x05 \x01(\t\x12\x0f\n\x07id_type\x18\x06 \x01(\t\"%\n\x15\x44ropCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\")\n\x16\x44ropCollectionResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\"\x18\n\x16ListCollectionsRequest\"I\n\x17ListCollectionsResponse\x12.\n\x0b\x63ollections\x18\x01 \x03(\x0b\x32\x19.vindex.v1.CollectionInfo\")\n\x19\x44\x65scribeCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x88\x02\n\rUpsertRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x0f\n\x07vectors\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\x10\n\x08\x61\x64\x64_only\x18\x05 \x01(\x08\x12\x15\n\rfloat_vectors\x18\x06 \x03(\x02\x12\x0f\n\x07str_ids\x18\x07 \x03(\t\x12)\n\x08metadata\x18\x08 \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0bno_metadata\x18\t \x03(\x08\x12\x11\n\tdocuments\x18\n \x03(\t\x12\x13\n\x0bno_document\x18\x0b \x03(\x08\x12\x16\n\x0emetadata_arrow\x18\x0c \x01(\x0c\"\"\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\x04\";\n\tUpsertAck\x12\r\n\x05\x63hunk\x18\x01 \x01(\x04\x12\x10\n\x08upserted\x18\x02 \x01(\x04\x12\r\n\x05total\x18\x03 \x01(\x04\"j\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x0f\n\x07str_ids\x18\x03 \x03(\t\x12\'\n\x06\x66ilter\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x04\"O\n\nGetRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x0f\n\x07str_ids\x18\x03 \x03(\t\x12\x0f\n\x07include\x18\x04 \x03(\t\"\xa2\x01\n\x0bGetResponse\x12\x0f\n\x07vectors\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\r\n\x05\x66ound\x18\x03 \x03(\x08\x12)\n\x08metadata\x18\x04 \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0bno_metadata\x18\x05 \x03(\x08\x12\x11\n\tdocuments\x18\x06 \x03(\t\x12\x13\n\x0bno_document\x18\x07 \x03(\x08\"\xa4\x02\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0f\n\x07queries\x18\x02 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x03 \x01(\r\x12\t\n\x01k\x18\x04 \x01(\r\x12\x14\n\x0cmax_postings\x18\x05 \x01(\r\x12\x10\n\x03\x65ps\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\n\n\x02\x65\x66\x18\x07 \x01(\r\x12\x15\n\rfloat_queries\x18\x08 \x03(\x02\x12\n\n\x02nq\x18\t \x01(\r\x12\'\n\x06\x66ilter\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07include\x18\x0b \x03(\t\x12\x0f\n\x07threads\x18\x0c \x01(\r\x12\x1a\n\rrecall_target\x18\r \x01(\x02H\x01\x88\x01\x01\x42\x06\n\x04_epsB\x10\n\x0e_recall_target\"\xc5\x02\n\x0eSearchResponse\x12\n\n\x02nq\x18\x01 \x01(\r\x12\t\n\x01k\x18\x02 \x01(\r\x12\x0b\n\x03ids\x18\x03 \x03(\x03\x12\x11\n\tdistances\x18\x04 \x03(\x02\x12\x10\n\x08postings\x18\x05 \x01(\x04\x12\x17\n\x0frecords_scanned\x18\x06 \x01(\x04\x12\x0f\n\x07partial\x18\x07 \x01(\x08\x12\x18\n\x10postings_dropped\x18\x08 \x01(\x04\x12\x0f\n\x07id_type\x18\t \x01(\t\x12\x0f\n\x07str_ids\x18\n \x03(\t\x12)\n\x08metadata\x18\x0b \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0bno_metadata\x18\x0c \x03(\x08\x12\x11\n\tdocuments\x18\r \x03(\t\x12\x13\n\x0bno_document\x18\x0e \x03(\x08\x12\x0f\n\x07vectors\x18\x0f \x01(\x0c\x12\x0b\n\x03\x64im\x18\x10 \x01(\r\"K\n\x0c\x43ountRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\'\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x1e\n\rCountResponse\x12\r\n\x05\x63ount\x18\x01 \x01(\x04\"\x80\x01\n\rScrollRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\'\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\r\x12\x0f\n\x07include\x18\x04 \x03(\t\x12\x12\n\npage_token\x18\x05 \x01(\t\"\xde\x01\n\x0eScrollResponse\x12\x0f\n\x07id_type\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x0f\n\x07str_ids\x18\x03 \x03(\t\x12)\n\x08metadata\x18\x04 \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0bno_metadata\x18\x05 \x03(\x08\x12\x11\n\tdocuments\x18\x06 \x03(\t\x12\x13\n\x0bno_document\x18\x07 \x03(\x08\x12\x0f\n\x07vectors\x18\x08 \x01(\x0c\x12\x0b\n\x03\x64im\x18\t \x01(\r\x12\x17\n\x0fnext_page_token\x18\n \x01(\t\"\x82\x01\n\x12SetMetadataRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x04\x12\x0f\n\x07str_ids\x18\x03 \x03(\t\x12)\n\x08metadata\x18\x04 \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07replace\x18\x05 \x01(\x08\"&\n\x13SetMetadataResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x04\"\"\n\x0cStatsRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\"#\n\rStatsResponse\x12\x12\n\nstats_json\x18\x01 \x01(\t\"5\n\x0c\x46lushRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x11\n\twait_idle\x18\x02 \x01(\x08\"\x1d\n\rFlushResponse\x12\x0c\n\x04idle\x18\x01 \x01(\x08\x32\xe0\x07\n\x0bVectorIndex\x12Q\n\x10\x43reateCollection\x12\".vindex.v1.CreateCollectionRequest\x1a\x19.vindex.v1.CollectionInfo\x12U\n\x0e\x44ropCollection\x12 .vindex.v1.DropCollectionRequest\x1a!.vindex.v1.DropCollectionResponse\x12X\n\x0fListCollections\x12!.vindex.v1.ListCollectionsRequest\x1a\".vindex.v1.ListCollectionsResponse\x12U\n\x12\x44\x65scribeCollection\x12$.vindex.v1.DescribeCollectionRequest\x1a\x19.vindex.v1.CollectionInfo\x12=\n\x06Upsert\x12\x18.vindex.v1.UpsertRequest\x1a\x19.vindex.v1.UpsertResponse\x12\x42\n\x0cUpsertStream\x12\x18.vindex.v1.UpsertRequest\x1a\x14.vindex.v1.UpsertAck(\x01\x30\x01\x12=\n\x06\x44\x65lete\x12\x18.vindex.v1.DeleteRequest\x1a\x19.vindex.v1.DeleteResponse\x12\x34\n\x03Get\x12\x15.vindex.v1.GetRequest\x1a\x16.vindex.v1.GetResponse\x12=\n\x06Search\x12\x18.vindex.v1.SearchRequest\x1a\x19.vindex.v1.SearchResponse\x12:\n\x05\x43ount\x12\x17.vindex.v1.CountRequest\x1a\x18.vindex.v1.CountResponse\x12=\n\x06Scroll\x12\x18.vindex.v1.ScrollRequest\x1a\x19.vindex.v1.ScrollResponse\x12L\n\x0bSetMetadata\x12\x1d.vindex.v1.SetMetadataRequest\x1a\x1e.vindex.v1.SetMetadataResponse\x12:\n\x05Stats\x12\x17.vindex.v1.StatsRequest\x1a\x18.vindex.v1.StatsResponse\x12:\n\x05\x46lush\x12\x17.vindex.v1.FlushRequest\x1a\x18.vindex.v1.FlushResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,43 +47,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBECOLLECTIONREQUEST']._serialized_start=486
   _globals['_DESCRIBECOLLECTIONREQUEST']._serialized_end=527
   _globals['_UPSERTREQUEST']._serialized_start=530
-  _globals['_UPSERTREQUEST']._serialized_end=770
-  _globals['_UPSERTRESPONSE']._serialized_start=772
-  _globals['_UPSERTRESPONSE']._serialized_end=806
-  _globals['_UPSERTACK']._serialized_start=808
-  _globals['_UPSERTACK']._serialized_end=867
-  _globals['_DELETEREQUEST']._serialized_start=869
-  _globals['_DELETEREQUEST']._serialized_end=975
-  _globals['_DELETERESPONSE']._serialized_start=977
-  _globals['_DELETERESPONSE']._serialized_end=1010
-  _globals['_GETREQUEST']._serialized_start=1012
-  _globals['_GETREQUEST']._serialized_end=1091
-  _globals['_GETRESPONSE']._serialized_start=1094
-  _globals['_GETRESPONSE']._serialized_end=1256
-  _globals['_SEARCHREQUEST']._serialized_start=1259
-  _globals['_SEARCHREQUEST']._serialized_end=1551
-  _globals['_SEARCHRESPONSE']._serialized_start=1554
-  _globals['_SEARCHRESPONSE']._serialized_end=1879
-  _globals['_COUNTREQUEST']._serialized_start=1881
-  _globals['_COUNTREQUEST']._serialized_end=1956
-  _globals['_COUNTRESPONSE']._serialized_start=1958
-  _globals['_COUNTRESPONSE']._serialized_end=1988
-  _globals['_SCROLLREQUEST']._serialized_start=1991
-  _globals['_SCROLLREQUEST']._serialized_end=2119
-  _globals['_SCROLLRESPONSE']._serialized_start=2122
-  _globals['_SCROLLRESPONSE']._serialized_end=2344
-  _globals['_SETMETADATAREQUEST']._serialized_start=2347
-  _globals['_SETMETADATAREQUEST']._serialized_end=2477
-  _globals['_SETMETADATARESPONSE']._serialized_start=2479
-  _globals['_SETMETADATARESPONSE']._serialized_end=2517
-  _globals['_STATSREQUEST']._serialized_start=2519
-  _globals['_STATSREQUEST']._serialized_end=2553
-  _globals['_STATSRESPONSE']._serialized_start=2555
-  _globals['_STATSRESPONSE']._serialized_end=2590
-  _globals['_FLUSHREQUEST']._serialized_start=2592
-  _globals['_FLUSHREQUEST']._serialized_end=2645
-  _globals['_FLUSHRESPONSE']._serialized_start=2647
-  _globals['_FLUSHRESPONSE']._serialized_end=2676
-  _globals['_VECTORINDEX']._serialized_start=2679
-  _globals['_VECTORINDEX']._serialized_end=3671
+  _globals['_UPSERTREQUEST']._serialized_end=794
+  _globals['_UPSERTRESPONSE']._serialized_start=796
+  _globals['_UPSERTRESPONSE']._serialized_end=830
+  _globals['_UPSERTACK']._serialized_start=832
+  _globals['_UPSERTACK']._serialized_end=891
+  _globals['_DELETEREQUEST']._serialized_start=893
+  _globals['_DELETEREQUEST']._serialized_end=999
+  _globals['_DELETERESPONSE']._serialized_start=1001
+  _globals['_DELETERESPONSE']._serialized_end=1034
+  _globals['_GETREQUEST']._serialized_start=1036
+  _globals['_GETREQUEST']._serialized_end=1115
+  _globals['_GETRESPONSE']._serialized_start=1118
+  _globals['_GETRESPONSE']._serialized_end=1280
+  _globals['_SEARCHREQUEST']._serialized_start=1283
+  _globals['_SEARCHREQUEST']._serialized_end=1575
+  _globals['_SEARCHRESPONSE']._serialized_start=1578
+  _globals['_SEARCHRESPONSE']._serialized_end=1903
+  _globals['_COUNTREQUEST']._serialized_start=1905
+  _globals['_COUNTREQUEST']._serialized_end=1980
+  _globals['_COUNTRESPONSE']._serialized_start=1982
+  _globals['_COUNTRESPONSE']._serialized_end=2012
+  _globals['_SCROLLREQUEST']._serialized_start=2015
+  _globals['_SCROLLREQUEST']._serialized_end=2143
+  _globals['_SCROLLRESPONSE']._serialized_start=2146
+  _globals['_SCROLLRESPONSE']._serialized_end=2368
+  _globals['_SETMETADATAREQUEST']._serialized_start=2371
+  _globals['_SETMETADATAREQUEST']._serialized_end=2501
+  _globals['_SETMETADATARESPONSE']._serialized_start=2503
+  _globals['_SETMETADATARESPONSE']._serialized_end=2541
+  _globals['_STATSREQUEST']._serialized_start=2543
+  _globals['_STATSREQUEST']._serialized_end=2577
+  _globals['_STATSRESPONSE']._serialized_start=2579
+  _globals['_STATSRESPONSE']._serialized_end=2614
+  _globals['_FLUSHREQUEST']._serialized_start=2616
+  _globals['_FLUSHREQUEST']._serialized_end=2669
+  _globals['_FLUSHRESPONSE']._serialized_start=2671
+  _globals['_FLUSHRESPONSE']._serialized_end=2700
+  _globals['_VECTORINDEX']._serialized_start=2703
+  _globals['_VECTORINDEX']._serialized_end=3695
 # @@protoc_insertion_point(module_scope)

@@ -68,7 +68,7 @@ class DescribeCollectionRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class UpsertRequest(_message.Message):
-    __slots__ = ("collection", "ids", "vectors", "dim", "add_only", "float_vectors", "str_ids", "metadata", "no_metadata", "documents", "no_document")
+    __slots__ = ("collection", "ids", "vectors", "dim", "add_only", "float_vectors", "str_ids", "metadata", "no_metadata", "documents", "no_document", "metadata_arrow")
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     VECTORS_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,7 @@ class UpsertRequest(_message.Message):
     NO_METADATA_FIELD_NUMBER: _ClassVar[int]
     DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     NO_DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_ARROW_FIELD_NUMBER: _ClassVar[int]
     collection: str
     ids: _containers.RepeatedScalarFieldContainer[int]
     vectors: bytes
@@ -91,7 +92,8 @@ class UpsertRequest(_message.Message):
     no_metadata: _containers.RepeatedScalarFieldContainer[bool]
     documents: _containers.RepeatedScalarFieldContainer[str]
     no_document: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., vectors: _Optional[bytes] = ..., dim: _Optional[int] = ..., add_only: _Optional[bool] = ..., float_vectors: _Optional[_Iterable[float]] = ..., str_ids: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., no_metadata: _Optional[_Iterable[bool]] = ..., documents: _Optional[_Iterable[str]] = ..., no_document: _Optional[_Iterable[bool]] = ...) -> None: ...
+    metadata_arrow: bytes
+    def __init__(self, collection: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., vectors: _Optional[bytes] = ..., dim: _Optional[int] = ..., add_only: _Optional[bool] = ..., float_vectors: _Optional[_Iterable[float]] = ..., str_ids: _Optional[_Iterable[str]] = ..., metadata: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., no_metadata: _Optional[_Iterable[bool]] = ..., documents: _Optional[_Iterable[str]] = ..., no_document: _Optional[_Iterable[bool]] = ..., metadata_arrow: _Optional[bytes] = ...) -> None: ...
 
 class UpsertResponse(_message.Message):
     __slots__ = ("upserted",)

@@ -69,7 +69,7 @@ def read_all(path: str, start: int = 0, batch: int = 7) -> dict:
         got["firsts"].append(rec.first)
         got["ids"] += list(rec.ids.tolist() if isinstance(rec.ids, np.ndarray) else rec.ids)
         got["vectors"].append(rec.vectors)
-        got["metadata"] += rec.metadata if rec.metadata is not None else [None] * len(rec)
+        got["metadata"] += rec.metadata_rows() if rec.metadata is not None else [None] * len(rec)
         got["documents"] += rec.documents if rec.documents is not None else [None] * len(rec)
     got["vectors"] = np.concatenate(got["vectors"]) if got["vectors"] else np.zeros((0, DIM), np.float32)
     got["rows"] = f.rows
@@ -118,7 +118,11 @@ def test_struct_metadata_leaves_out_null_fields(tmp_path):
     records = [{"id": 1, "vector": [0.0] * DIM, "metadata": {"a": 1}},
                {"id": 2, "vector": [0.0] * DIM, "metadata": {"b": "x"}}]
     [rec] = open_records(write_parquet(tmp_path / "s.parquet", records)).batches(0, 10)
-    assert rec.metadata == [{"a": 1}, {"b": "x"}]  # not {"a": 1, "b": None}
+    assert not isinstance(rec.metadata, list)  # no null rows: columns, for Index.upsert's columnar path
+    assert rec.metadata_rows() == [{"a": 1}, {"b": "x"}]  # not {"a": 1, "b": None}
+    records.append({"id": 3, "vector": [0.0] * DIM})
+    [rec] = open_records(write_parquet(tmp_path / "n.parquet", records)).batches(0, 10)
+    assert rec.metadata == [{"a": 1}, {"b": "x"}, None]  # a null row: rows
 
 
 @pytest.mark.parametrize("lines,match", [
@@ -228,3 +232,25 @@ def test_ingest_limit_and_bad_files(tmp_path, capsys, served, client):
         ingest(capsys, served, path, "--collection", "ing-x", "--id-offset", "5")
     with pytest.raises(SystemExit, match="NAME FILE, or FILE --collection NAME"):
         ingest(capsys, served, path)
+
+
+def test_ingest_of_struct_metadata_goes_as_columns(tmp_path, capsys, served, client, monkeypatch):
+    """Parquet struct metadata without null rows travels as Arrow columns (``metadata_arrow``)
+    into Index.upsert's columnar path, and is stored as the same rows would be; a bad value
+    is named by its row in the chunk."""
+    records = [{**r, "metadata": r.get("metadata") or {"page": i}} for i, r in enumerate(rows(seed=6))]
+    records[3]["metadata"] = {"page": 3}  # other fields null in this row: left out
+    path = write_parquet(tmp_path / "c.parquet", records)
+    stream = Collection.upsert_stream
+    kinds: list[bool] = []
+
+    def watched(self, batches):
+        return stream(self, (kinds.append(not isinstance(b[2], list)) or b for b in batches))
+
+    monkeypatch.setattr(Collection, "upsert_stream", watched)
+    rc, err = ingest(capsys, served, path, "--collection", "ing-cols", "--batch", "16")
+    assert rc == 0 and kinds and all(kinds), err
+    stored(client.collection("ing-cols"), records)
+    bad = [{"id": i, "vector": [0.0] * DIM, "metadata": {"x": float(i) if i != 5 else float("inf")}} for i in range(8)]
+    rc, err = ingest(capsys, served, write_parquet(tmp_path / "bad.parquet", bad), "--collection", "ing-cols-bad")
+    assert rc == 2 and "metadata[5]" in err and "not a finite number" in err, err

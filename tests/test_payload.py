@@ -334,3 +334,34 @@ def test_a_lookup_of_a_negative_id_finds_no_retired_vid():
     idm.allocate(np.array([same_slot, same_slot + 1], dtype=np.int64))
     idm.retire(np.array([0]))
     assert idm.lookup(np.array([-1, same_slot + 1, same_slot], dtype=np.int64)).tolist() == [-1, 1, -1]
+
+
+def test_records_stored_as_two_keys_by_earlier_versions_are_read_and_replaced(tmp_path):
+    """Stores written before one value per record kept metadata JSON under (ext, 0) and the
+    document under (ext, 1): reads take them, writes replace them, deletes clear both."""
+    import struct
+
+    from vindex import payloads
+    from vindex.storage import Change, IOClass
+    x, _, meta, docs = _data(6, 5)
+    path = tmp_path / "idx"
+    with vindex.Index.create(path, dim=DIM) as idx:
+        idx.upsert(range(5), x, metadata=meta, documents=docs)
+        old = {}
+        for i in range(4):  # 0, 2, 3: metadata and document; 1: a document alone; 4: new layout
+            key = struct.pack(">Q", i)
+            old[key + b"\0"] = None if i == 1 else payloads.encode_metadata([meta[i]], 1, 1 << 16)[0]
+            old[key + b"\1"] = docs[i].encode()
+        idx._engine.store.commit(Change(payload=old), IOClass.BACKGROUND)
+    with vindex.Index.open(path) as idx:
+        g = idx.get(range(5), include=["metadata", "documents"])
+        assert g.metadata == [meta[0], None, meta[2], meta[3], meta[4]]
+        assert g.documents == docs
+        idx.set_metadata([0], {"page": -1})
+        idx.upsert([1], x[1:2])  # no document any more
+        idx.delete([2])
+        idx.add([2], x[2:3])  # back without metadata or a document
+        g = idx.get(range(4), include=["metadata", "documents"])
+        assert g.metadata == [{**meta[0], "page": -1}, None, None, meta[3]]
+        assert g.documents == [docs[0], None, None, docs[3]]
+        assert idx.count({"page": -1}) == 1

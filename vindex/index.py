@@ -160,14 +160,12 @@ class Index:
                                targets=IOTargets.of(cfg))
             idmap = IdMap(capacity=max(16, x.shape[0]))
             stats: dict = {}
-            given = [(kind, values) for kind, values in ((payloads.META, metas), (payloads.DOC, docs))
-                     if values is not None]  # a new store: nothing to delete for the others
+            given = metas is not None or docs is not None
             for lo in range(0, x.shape[0] if given else 0, BUILD_PAYLOAD_ROWS):
                 part = slice(lo, lo + BUILD_PAYLOAD_ROWS)
-                change = Change()
-                for kind, values in given:
-                    change.payload.update(payloads.puts(exts[part], kind, values[part]))
-                store.commit(change, IOClass.BACKGROUND)
+                store.commit(Change(payload=payloads.record_puts(
+                    exts[part], None if metas is None else metas[part], None if docs is None else docs[part])),
+                    IOClass.BACKGROUND)
             if x.shape[0]:
                 with _Threads(cfg.build_threads):
                     built = build_postings(x, np.arange(x.shape[0], dtype=np.int64), cfg, enabled(progress))
@@ -659,11 +657,13 @@ class Index:
                 missing = resolved.user(vids < 0)
                 raise UnknownIdError(f"set_metadata: ids not in the index: {preview(missing)}", missing)
             metas = given
+            exts = resolved.exts.tolist()
             if merge:
-                old = payloads.read(eng.store, resolved.exts.tolist(), payloads.META)
+                old = payloads.read(eng.store, exts, payloads.META)
                 merged = [{**(o or {}), **(g or {})} for o, g in zip(old, given.rows)]  # type: ignore[union-attr]
                 metas = payloads.check_metadata_rows(merged, n, self.config.max_metadata_bytes)
-            rec, change = writes.plan_set_metadata(eng.state, vids, resolved.exts, metas)  # type: ignore[arg-type]
+            docs = payloads.read_raw(eng.store, exts, payloads.DOC)  # the record's value holds both
+            rec, change = writes.plan_set_metadata(eng.state, vids, resolved.exts, metas, docs)  # type: ignore[arg-type]
             eng.commit(change, rec, IOClass.UPDATE)
             seq = eng.seq
         eng.acknowledge(seq)

@@ -1,16 +1,22 @@
 """Metadata and documents of records: checking them, their keys in the store, their form in
 operation-log records, and reading them back for ``include``.
 
-The store keeps them by the record's internal id under two keys, ``>Q ext, 0`` (metadata as
-compact JSON) and ``>Q ext, 1`` (document as UTF-8), written in the same atomic commit as the
-vector and the log record; ``set_metadata`` rewrites the first alone. The metadata also
-travels in the log record, so that replay rebuilds the in-memory payload index (filters).
+The store keeps both under one key per record, ``>Q ext, 0``, written in the same atomic commit
+as the vector and the log record: ``flags u8`` (1: metadata, 2: a document), then with
+metadata its length (u32 LE) and its compact JSON, then the document as UTF-8 (one store entry
+a row costs about half of two: RocksDB's work is mostly per entry). ``set_metadata`` rewrites
+the value with the document it holds. Stores written before kept the metadata alone under that
+key (JSON, so its first byte is ``{``, never a flags byte) and the document under ``>Q ext, 1``;
+reads still take those, a write replaces them (the new value shadows the old document's key)
+and a delete clears both keys. The metadata also travels in the log record, so that replay
+rebuilds the in-memory payload index (filters).
 """
 from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -20,9 +26,14 @@ from .filters import PayloadIndex, decode_metadata
 from .filters.flat import FlatGroup, column_groups
 from .filters.metadata import checked_metadata, encode_batch, encode_groups
 
-_KEY = struct.Struct(">QB")
-_KEY_DTYPE = np.dtype([("ext", ">u8"), ("kind", "u1")])  # the same bytes as ``_KEY``
+_KEY_DTYPE = np.dtype([("ext", ">u8"), ("kind", "u1")])  # a key: ext u64 BE, kind u8
+#: Key kinds: a record's value (metadata and document; in stores written before, its metadata
+#: alone), and the document of a record written before.
+RECORD, OLD_DOC = 0, 1
+#: What ``read`` returns.
 META, DOC = 0, 1
+_HAS_META, _HAS_DOC = 1, 2
+_HEAD = struct.Struct("<BI")  # flags, metadata length
 #: What ``include`` may name.
 INCLUDABLE = ("metadata", "documents", "vectors")
 #: The stores that keep metadata and documents (the block store does not).
@@ -33,10 +44,6 @@ def require_store(store: str) -> None:
     """Raise unless an index on ``store`` keeps metadata and documents."""
     if store not in STORES:
         raise InvalidConfigError(f"metadata and documents need store='rocksdb' (or 'memory'), not {store!r}")
-
-
-def key(ext: int, kind: int) -> bytes:
-    return _KEY.pack(ext, kind)
 
 
 def check_include(include: Any) -> frozenset[str]:
@@ -174,13 +181,12 @@ def encode_documents(documents: Any, n: int, max_bytes: int) -> list[bytes | Non
     if documents is None:
         return None
     docs = _per_row(documents, n, "documents")
-    if all(type(doc) is str for doc in docs):  # the common case, encoded at C speed
-        try:
-            raw = list(map(str.encode, docs))
-        except UnicodeEncodeError:
-            raw = None  # row by row below names the row
-        if raw is not None and (not raw or max(map(len, raw)) <= max_bytes):
-            return raw  # type: ignore[return-value]
+    try:  # the common case (every row a str), encoded at C speed
+        raw = list(map(str.encode, docs))
+    except (TypeError, UnicodeEncodeError):
+        raw = None  # a None or a bad row: row by row below names the row
+    if raw is not None and (not raw or max(map(len, raw)) <= max_bytes):
+        return raw  # type: ignore[return-value]
 
     def encode(doc: Any) -> bytes:
         if not isinstance(doc, str):
@@ -210,11 +216,43 @@ def unpack(data: np.ndarray, offsets: np.ndarray) -> list[bytes | None]:
     return [raw[a:b] if b > a else None for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def puts(exts: np.ndarray, kind: int, values: Sequence[bytes | None] | None) -> dict[bytes, bytes | None]:
-    """Store puts (deletes for None) of one kind of value for ``exts``; a whole kind left out
-    (``values`` None) deletes it too: an upsert replaces the record."""
-    keys = _keys(exts, kind)
-    return dict.fromkeys(keys) if values is None else dict(zip(keys, values))
+def record_puts(exts: np.ndarray, metas: Sequence[bytes | None] | None,
+                docs: Sequence[bytes | None] | None) -> dict[bytes, bytes]:
+    """Store puts of records ``exts`` with these metadata and documents (None: none, for a
+    row or for all): an upsert replaces the whole record."""
+    return dict(zip(_keys(exts, RECORD), _records(metas, docs, len(exts))))
+
+
+def delete_puts(exts: np.ndarray) -> dict[bytes, None]:
+    """Store deletes of records ``exts`` (both keys: see the module's docstring)."""
+    return dict.fromkeys(_keys(exts, RECORD) + _keys(exts, OLD_DOC))
+
+
+def _records(metas: Sequence[bytes | None] | None, docs: Sequence[bytes | None] | None, n: int) -> list[bytes]:
+    """The stored value of each of ``n`` records."""
+    if metas is not None and docs is not None and None not in metas and None not in docs:  # the common case
+        heads = map(_HEAD.pack, repeat(_HAS_META | _HAS_DOC), map(len, metas))
+        return list(map(b"".join, zip(heads, metas, docs)))
+    return list(map(_record, metas or repeat(None, n), docs or repeat(None, n)))
+
+
+def _record(meta: bytes | None, doc: bytes | None) -> bytes:
+    flags = (_HAS_DOC if doc is not None else 0) | (_HAS_META if meta is not None else 0)
+    head = bytes((flags,)) if meta is None else _HEAD.pack(flags, len(meta)) + meta
+    return head if doc is None else head + doc
+
+
+def _field(value: bytes, which: int) -> bytes | None:
+    """Metadata (``META``) or document (``DOC``) of a stored record value."""
+    flags = value[0]
+    end = 1
+    if flags & _HAS_META:
+        end = _HEAD.size + _HEAD.unpack_from(value)[1]
+        if which == META:
+            return value[_HEAD.size:end]
+    elif which == META:
+        return None
+    return value[end:] if flags & _HAS_DOC else None
 
 
 def _keys(exts: np.ndarray, kind: int) -> list[bytes]:
@@ -223,13 +261,30 @@ def _keys(exts: np.ndarray, kind: int) -> list[bytes]:
     packed["ext"], packed["kind"] = exts, kind
     raw = packed.tobytes()
     size = _KEY_DTYPE.itemsize
-    return [raw[i:i + size] for i in range(0, len(raw), size)]
+    return list(map(raw.__getitem__, map(slice, range(0, len(raw), size), range(size, len(raw) + size, size))))
 
 
-def read(store: Any, exts: Sequence[int], kind: int) -> list[Any]:
+def read_raw(store: Any, exts: Sequence[int], which: int) -> list[bytes | None]:
+    """Stored metadata JSON (``META``) or document UTF-8 (``DOC``) of ``exts`` (None where
+    missing and for negative exts, the padding of results)."""
+    want = list(dict.fromkeys(e for e in exts if e >= 0))
+    if not want:
+        return [None] * len(exts)
+    values = dict(zip(want, store.read_payload(_keys(np.asarray(want, np.int64), RECORD))))
+    written_before = []  # records whose document has a key of its own
+    for e, value in values.items():
+        if value is None or value[:1] == b"{":
+            if which == DOC:
+                written_before.append(e)
+        else:
+            values[e] = _field(value, which)
+    if written_before:
+        values.update(zip(written_before, store.read_payload(_keys(np.asarray(written_before, np.int64), OLD_DOC))))
+    return [values.get(e) for e in exts]
+
+
+def read(store: Any, exts: Sequence[int], which: int) -> list[Any]:
     """Metadata dicts (``META``) or document strs (``DOC``) of ``exts`` (None where missing
     and for negative exts, the padding of results)."""
-    want = [e for e in exts if e >= 0]
-    values = dict(zip(want, store.read_payload([key(e, kind) for e in want]))) if want else {}
-    decode = decode_metadata if kind == META else (lambda b: b.decode("utf-8"))
-    return [None if values.get(e) is None else decode(values[e]) for e in exts]
+    decode = decode_metadata if which == META else (lambda b: b.decode("utf-8"))
+    return [None if raw is None else decode(raw) for raw in read_raw(store, exts, which)]

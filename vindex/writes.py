@@ -196,9 +196,7 @@ def plan_delete(state: State, exts: np.ndarray) -> tuple[oplog.Record, Change] |
         return None
     change = Change()
     if state.has_payload:
-        gone = state.idmap.vid2ext[vids]
-        change.payload.update(payloads.puts(gone, payloads.META, None))
-        change.payload.update(payloads.puts(gone, payloads.DOC, None))
+        change.payload.update(payloads.delete_puts(state.idmap.vid2ext[vids]))
     return oplog.Record("delete", {"d_vids": vids}), change
 
 
@@ -223,18 +221,17 @@ def attach_payload(rec: oplog.Record, change: Change, state: State, exts: np.nda
     if not (given or state.has_payload):
         return
     _attach_metadata(rec, "u_meta", metas or payloads.Metadata.none(exts.shape[0]))
-    change.payload.update(payloads.puts(exts, payloads.META, None if metas is None else metas.encoded))
-    change.payload.update(payloads.puts(exts, payloads.DOC, docs))
+    change.payload.update(payloads.record_puts(exts, None if metas is None else metas.encoded, docs))
     if given:
         rec.meta["payload"] = True
 
 
-def plan_set_metadata(state: State, vids: np.ndarray, exts: np.ndarray, metas: payloads.Metadata
-                      ) -> tuple[oplog.Record, Change]:
-    """Give live ``vids`` (ids ``exts``) new metadata."""
+def plan_set_metadata(state: State, vids: np.ndarray, exts: np.ndarray, metas: payloads.Metadata,
+                      docs: list[bytes | None]) -> tuple[oplog.Record, Change]:
+    """Give live ``vids`` (ids ``exts``, whose documents are ``docs``) new metadata."""
     rec = oplog.Record("metadata", {"p_vids": vids}, {"payload": True})
     _attach_metadata(rec, "p_meta", metas)
-    return rec, Change(payload=payloads.puts(exts, payloads.META, metas.encoded))
+    return rec, Change(payload=payloads.record_puts(exts, metas.encoded, docs))
 
 
 def _attach_metadata(rec: oplog.Record, name: str, metas: payloads.Metadata) -> None:

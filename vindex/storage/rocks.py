@@ -16,6 +16,8 @@ Layout, one RocksDB directory with column families:
   the chunks it describes and loaded into memory at open.
 * ``log``: key seq u64 BE -> operation-log record, written in the same WriteBatch as the
   posting changes it describes.
+* ``payload``: key ``(ext u64 BE, kind u8)`` -> a record's metadata and document, one value per
+  record (see ``vindex.payloads``), written in the same WriteBatch as its vector.
 * the default column family: ``LOG_FLOOR`` -> the highest ``log`` seq a checkpoint covered
   (u64 BE), written with each truncation of the log (see ``continue_after``).
 
