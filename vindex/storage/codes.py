@@ -155,7 +155,8 @@ class PostingCodes:
         scanned as float32, never as codes whose estimates would misplace it."""
         if not pieces:
             return []
-        coded, clipped = self.encode(np.concatenate(pieces))
+        data = np.concatenate(pieces)
+        coded, clipped = self.encode(data)
         rows = np.cumsum([len(p) for p in pieces[:-1]], dtype=np.int64) // (4 * (self.dim + 2))
         out = np.split(coded, rows * (4 * self.words))
         self._coded_since += len(pieces)
@@ -166,7 +167,7 @@ class PostingCodes:
             refused = int(np.count_nonzero(bad))
             self.refused += refused
             self._refused_since += refused
-            x = record_view(np.concatenate(pieces), self.dim)[0][clipped, 2:]
+            x = record_view(data, self.dim)[0][clipped, 2:]
             lo, hi = x.min(axis=0), x.max(axis=0)
             if self._seen is not None:
                 lo, hi = np.minimum(lo, self._seen[0]), np.maximum(hi, self._seen[1])
