@@ -529,9 +529,13 @@ class RocksStore:
     def _start_codes_build(self) -> None:
         with self._codes_lock:  # one thread, started once
             if not self._codes_begun:
-                self._codes_begun = True
-                self._codes_build = threading.Thread(target=self.build_codes, name="vindex-codes", daemon=True)
-                self._codes_build.start()
+                self._spawn_codes_build(self._codes)
+
+    def _spawn_codes_build(self, codes: PostingCodes) -> None:
+        """Start the thread that builds ``codes`` (``_codes_lock`` held)."""
+        self._codes_begun = True
+        self._codes_build = threading.Thread(target=self.build_codes, args=(codes,), name="vindex-codes", daemon=True)
+        self._codes_build.start()
 
     def wait_codes(self, timeout: float | None = None) -> bool:
         """Wait until a build of the codes that has started is done (and one a build started
@@ -557,11 +561,8 @@ class RocksStore:
             running = build is not None and build.is_alive() and build is not threading.current_thread()
             if self._codes is not codes or running or self._codes_stop.is_set():
                 return  # swapped already, or a build runs (it will refuse again: retrained after)
-            self._codes = fresh = codes.successor()
-            self._codes_begun = True
-            self._codes_build = threading.Thread(target=self.build_codes, args=(fresh,), name="vindex-codes",
-                                                 daemon=True)
-            self._codes_build.start()
+            self._codes = codes.successor()
+            self._spawn_codes_build(self._codes)
         log.info("posting codes: %d postings past the quantizer's range; trained a wider one, coding again",
                  codes.refused)
 
