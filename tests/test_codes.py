@@ -176,6 +176,28 @@ def test_codes_are_rebuilt_at_open(tmp_path, bigann):
     index.close()
 
 
+def test_an_opened_store_keeps_the_postings_its_codes_build_read_while_they_fit(tmp_path, bigann):
+    """One-query searches after an open are served by the codes once they are built, and never
+    read a float32 posting again: the build's own reads fill the ring of kept postings, so
+    the searches scan float32 postings where they lie, as before the restart."""
+    base = bigann["base"][:4000].astype(np.float32)
+    path = tmp_path / "k"
+    vindex.Index.build(path, base, posting_limit_bytes=8 * 1024).close()
+    index = vindex.Index.open(path)
+    queries = base[::97]
+    index.search(queries[0], 10)  # starts the codes build
+    assert index.wait_idle(timeout=60)
+    store = _store(index)
+    # every posting fits the default ring (8 MiB here against 128 MiB)
+    assert store["kept_bytes"] >= store["codes_bytes"] // (base.shape[1] + 8) * (4 * base.shape[1] + 8)
+    before = _store(index)
+    _singles(index, queries, max_postings=8)
+    after = _store(index)
+    assert after["resident_reads"] - before["resident_reads"] == after["reads"] - before["reads"] > 0
+    assert after["code_reads"] == before["code_reads"]
+    index.close()
+
+
 def test_codes_off(tmp_path, bigann):
     base = bigann["base"][:2000].astype(np.float32)
     index = vindex.Index.build(tmp_path / "o", base, resident_codes_bytes=0, resident_bytes=64 * 1024)

@@ -590,8 +590,14 @@ class RocksStore:
                 continue
             plan, data, offsets = got
             offs = offsets.tolist()
-            codes.keep([(p, span, gen, data[offs[i] * rs:offs[i + 1] * rs])
-                        for i, (p, span, gen) in enumerate(zip(plan.pids, plan.spans, plan.gens))])
+            read = [(p, span, gen, data[offs[i] * rs:offs[i + 1] * rs])
+                    for i, (p, span, gen) in enumerate(zip(plan.pids, plan.spans, plan.gens))]
+            codes.keep(read)
+            if self._kept.capacity and self._kept.keep_whole:
+                # while the ring has room, keep them as float32 too: once coded, a search's
+                # misses are served by the codes and never read the float32 posting, so
+                # the ring would stay as empty as the open left it
+                self._kept.keep([(p, span, gen, True, rows) for p, span, gen, rows in read], evict=False)
         codes.build_seconds = time.perf_counter() - started
         self._maybe_retrain_codes()
 
