@@ -177,3 +177,37 @@ def test_deleted_ids_never_come_back_while_writes_run(built):
         searches += 1
     t.join()
     assert not set(idx.search(q, 10, filter=flt).ids.reshape(-1).tolist()) & set(victims)
+
+
+def test_metadata_changed_during_a_posting_scan_is_checked_again(built, tmp_path, monkeypatch):
+    """A ``set_metadata`` applied while a filtered search runs (here between its choice of
+    postings and their scan) takes the records it changed out of the results: the plan's
+    mask predates it. With no write applied meanwhile, the mask is current and no result is
+    checked again (the ``check`` below is never called)."""
+    _, x, labels = built
+    idx = vindex.Index.build(tmp_path / "scan", x, metadata=[{"label": int(v)} for v in labels], metric="l2",
+                             rebalance=False, posting_limit_bytes=2048, filter_gather_ratio=0)
+    flt = {"label": {"$lt": 2}}  # the postings nearest the query among those with a match
+    q = x[np.flatnonzero(labels < 2)[:1]]
+    want = idx.search(q, 10, filter=flt, max_postings=2)
+    assert 0 < want.stats["postings"] < 40
+    payload = type(idx._engine.state.payload)
+    checks = []
+    real_check = payload.check
+    monkeypatch.setattr(payload, "check", lambda self, f, vids: checks.append(len(vids)) or real_check(self, f, vids))
+    assert (idx.search(q, 10, filter=flt, max_postings=2).ids == want.ids).all() and not checks
+
+    flipped = want.ids[0, :3].tolist()
+    real_choose = filtered.choose_postings
+
+    def choose_then_flip(*args, **kwargs):
+        out = real_choose(*args, **kwargs)
+        if flipped:
+            idx.set_metadata([flipped.pop()], {"label": 99})
+        return out
+
+    monkeypatch.setattr(filtered, "choose_postings", choose_then_flip)
+    changed = idx.search(q, 10, filter=flt, max_postings=2).ids[0].tolist()
+    idx.close()
+    assert checks and want.ids[0, 2] not in changed
+    assert changed[:2] == want.ids[0, :2].tolist()

@@ -326,8 +326,9 @@ class Index:
                                 {"postings": 0, "records_scanned": 0, "postings_dropped": 0},
                                 self._included(ids, include))
         started = time.perf_counter()
+        fplan = None
         if f is not None:
-            lean = self._search_gathered(q, k, m, f, include, str(tenant), started)
+            lean, fplan = self._search_gathered(q, k, m, f, include, str(tenant), started)
             if lean is not None:
                 return lean
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -341,8 +342,9 @@ class Index:
         try:
             choose = versions = broad = None
             if f is not None:
-                with eng.readers.reading():
-                    fplan = self._plans.get(st, f)
+                if fplan.applied != st.applied:  # a write landed since: plan anew
+                    with eng.readers.reading():
+                        fplan = self._plans.get(st, f)
                 if target is None:
                     broad = filtered.broad_budget(st.graph, fplan, m, self.config)
 
@@ -366,7 +368,8 @@ class Index:
         finally:
             eng.readers.end(ticket)
         if f is not None:
-            ids, dists = filtered.recheck(st, f, ids, dists)
+            if st.applied != fplan.applied:  # (else every result passed the plan's mask, still current)
+                ids, dists = filtered.recheck(st, f, ids, dists)
             work["filter_matches"] = fplan.matches
         if self.metric == "cosine":
             dists *= _HALF  # |a - b|^2 = 2 - 2cos for unit vectors (the search's own array)
@@ -376,25 +379,26 @@ class Index:
                             self._included(ids, include, str(tenant)) if include else {})
 
     def _search_gathered(self, q: np.ndarray, k: int, m: int, f: Filter, include: frozenset[str], tenant: str,
-                         started: float) -> SearchResult | None:
-        """``search`` when the filter's plan scores just its matching records (docs/filters.md):
-        one kernel call over their vectors, gathered once per plan with writers held off, so
-        the answer is exact and current, reads no posting and needs no search ticket or
-        recheck. None when the plan scans postings instead."""
+                         started: float) -> tuple[SearchResult | None, filtered.FilterPlan]:
+        """``(result, plan)``: ``search`` when the filter's plan scores just its matching
+        records (docs/filters.md): one kernel call over their vectors, gathered once per plan
+        with writers held off, so the answer is exact and current, reads no posting and needs
+        no search ticket or recheck. The result is None when the plan scans postings instead."""
         eng = self._engine
         st = eng.state
         with eng.readers.reading():  # a plan and its gathered vectors: one state
             fplan = self._plans.get(st, f)
             found = filtered.gathered_for(st, eng.store, fplan, m, self.config, self.dim, tenant)
         if found is None:
-            return None
+            return None, fplan
         ids, dists, work = filtered.search_gathered(found, q, k, self._metric_code)
         work["filter_matches"] = fplan.matches
         if self.metric == "cosine":
             dists *= np.float32(0.5)
         eng.observe_search(time.perf_counter() - started, q.shape[0])
         self._tap.searched(q)
-        return SearchResult(idkinds.to_user(st, ids), dists, work, self._included(ids, include, tenant) if include else {})
+        return SearchResult(idkinds.to_user(st, ids), dists, work,
+                            self._included(ids, include, tenant) if include else {}), fplan
 
     def _included(self, exts: np.ndarray, include: frozenset[str], tenant: str = "default") -> dict:
         """What ``include`` asks for, for internal ids ``exts`` of any shape (-1: padding):
