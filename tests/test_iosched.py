@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import wait_until
 
-from vindex.iosched import (Aimd, DeadlineExpired, IOScheduler, IOTargets, Queues, Request,
+from vindex.iosched import (Aimd, BusyClock, DeadlineExpired, IOScheduler, IOTargets, Queues, Request,
                             ResourceExhaustedError, TokenBucket, percentile)
 from vindex.storage import IOClass
 
@@ -336,6 +336,45 @@ def test_writes_are_paced_while_searches_miss_their_target(tmp_path):
                 assert s["update_duty"] < 1.0 and s["update_paused_s"] > 0
             else:
                 assert s["update_duty"] == 1.0 and s["update_paused_s"] == 0
+
+
+def test_busy_clock_charges_the_union_of_overlapping_tasks():
+    now = [0.0]
+    busy = BusyClock(clock=lambda: now[0])
+    busy.enter()          # task a from 0
+    now[0] = 1.0
+    busy.enter()          # task b from 1, beside a
+    now[0] = 3.0
+    assert busy.leave() == 3.0  # a ends at 3: busy 0..3 (b ran within it)
+    now[0] = 4.0
+    assert busy.leave() == 1.0  # b ends at 4: 3..4 not charged yet
+    now[0] = 10.0         # idle: nothing running, nothing to charge
+    busy.enter()
+    now[0] = 10.5
+    assert busy.leave() == 0.5
+
+
+def test_overlapping_writers_of_an_index_do_not_pause_without_searches(tmp_path):
+    """Two threads upserting at once into one index with no search at all: the writers' share
+    is all of the time, and each write's wait for the other's lock is not charged twice."""
+    import vindex
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4000, 16)).astype(np.float32)
+    with vindex.Index.build(tmp_path / "w", x[:2000], rebalance=False) as idx:
+        def writer(lo: int) -> None:
+            for j in range(40):
+                start = lo + 25 * (j % 40)
+                idx.upsert(np.arange(start, start + 25), x[start:start + 25])
+
+        threads = [threading.Thread(target=writer, args=(lo,)) for lo in (2000, 3000)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        s = idx.stats()
+        assert s["update_duty"] == 1.0
+        assert s["update_paused_s"] == 0  # charged the sum of their times, they paused ~half of it
 
 
 def test_a_search_whose_reads_miss_its_timeout_is_partial(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 from . import layout, oplog
 from .checkpointer import Checkpointer
 from .groupsync import GroupSync
-from .iosched import BackgroundPacer
+from .iosched import BackgroundPacer, BusyClock
 from .readers import Readers
 from .state import State
 from .storage import Change, IOClass, PostingStore
@@ -42,6 +42,7 @@ class Engine:
         # Foreground writes are paced too, but never below 70% of the time: an ingest still
         # progresses while searches miss their target.
         self.update_pacer = BackgroundPacer(self.config.io_scheduler, target, floor=UPDATE_DUTY_FLOOR)
+        self.write_time = BusyClock()  # what foreground writes charge the update pacer
 
     def observe_search(self, seconds: float, n_queries: int) -> None:
         """A search of ``n_queries`` took ``seconds``: what both pacers adapt to."""

@@ -507,39 +507,38 @@ class Index:
             payloads.require_store(self.config.store)
         if n == 0:
             return
-        started = time.perf_counter()
-        with eng.lock:
-            self._check_open()
-            if resolved.kind != (eng.state.id_type or resolved.kind):  # another writer fixed the kind first
-                resolved = idkinds.resolve(eng.state.id_type, eng.state.strids, ids)
-            idkinds.plan_new(eng.state.strids, resolved)
-            exts = resolved.exts
-            if not replace:
-                live = eng.state.idmap.live_vids(exts) >= 0
-                if live.any():
-                    dup = sorted(resolved.user(live))
-                    raise IdExistsError(f"ids already in the index: {preview(dup)}", dup)
-            old_homes = self._homes_of(exts)
-            # the replica search runs on the upsert pool's threads, unless searches are missing
-            # their target: each thread's hand-backs of the GIL add to a search's waits
-            pool = self._pool if eng.update_pacer.on_target else None
-            rec, change, undo = writes.plan_upsert(eng.state, exts, x, self.config, pool,
-                                                   self._rebalancer.limbo_pids)
-            writes.attach_ids(rec, eng.state, resolved.kind, resolved.new)
-            writes.attach_payload(rec, change, eng.state, exts, metas, docs)
-            try:
-                eng.commit(change, rec, IOClass.UPDATE, graph_done=undo is not None)
-            except BaseException:
-                if undo is not None:
-                    undo()
-                raise
-            seq = eng.seq
-            written = np.asarray(list(change.appends) + list(change.replaces), dtype=np.int64)
-            self._after_write(written, old_homes)
-            self._rebalancer.earn_scrub(int(exts.size))
-            self._tap.rows_written += n
-        eng.acknowledge(seq)
-        self._pace_writes(started)
+        with self._paced_write():
+            with eng.lock:
+                self._check_open()
+                if resolved.kind != (eng.state.id_type or resolved.kind):  # another writer fixed the kind first
+                    resolved = idkinds.resolve(eng.state.id_type, eng.state.strids, ids)
+                idkinds.plan_new(eng.state.strids, resolved)
+                exts = resolved.exts
+                if not replace:
+                    live = eng.state.idmap.live_vids(exts) >= 0
+                    if live.any():
+                        dup = sorted(resolved.user(live))
+                        raise IdExistsError(f"ids already in the index: {preview(dup)}", dup)
+                old_homes = self._homes_of(exts)
+                # the replica search runs on the upsert pool's threads, unless searches are missing
+                # their target: each thread's hand-backs of the GIL add to a search's waits
+                pool = self._pool if eng.update_pacer.on_target else None
+                rec, change, undo = writes.plan_upsert(eng.state, exts, x, self.config, pool,
+                                                       self._rebalancer.limbo_pids)
+                writes.attach_ids(rec, eng.state, resolved.kind, resolved.new)
+                writes.attach_payload(rec, change, eng.state, exts, metas, docs)
+                try:
+                    eng.commit(change, rec, IOClass.UPDATE, graph_done=undo is not None)
+                except BaseException:
+                    if undo is not None:
+                        undo()
+                    raise
+                seq = eng.seq
+                written = np.asarray(list(change.appends) + list(change.replaces), dtype=np.int64)
+                self._after_write(written, old_homes)
+                self._rebalancer.earn_scrub(int(exts.size))
+                self._tap.rows_written += n
+            eng.acknowledge(seq)
 
     def delete(self, ids: Any = None, *, filter: Any = None) -> int:
         """Delete ``ids``, or every record whose metadata matches ``filter`` (give one of
@@ -551,32 +550,42 @@ class Index:
         eng = self._engine
         f = None if filter is None else compile_filter(filter)
         exts = None if f is not None else idkinds.resolve(eng.state.id_type, eng.state.strids, ids).exts
-        started = time.perf_counter()
-        with eng.lock:
-            self._check_open()
-            if f is not None:
-                with eng.readers.reading():
-                    vids = np.flatnonzero(self._plans.get(eng.state, f).allowed)
-                exts = eng.state.idmap.vid2ext[vids]
-            planned = writes.plan_delete(eng.state, exts)
-            if planned is None:
-                return 0
-            rec, change = planned
-            old_homes = self._homes_of(exts)
-            eng.commit(change, rec, IOClass.UPDATE)
-            seq = eng.seq
-            self._after_write(np.zeros(0, np.int64), old_homes)
-            deleted = int(rec.arrays["d_vids"].shape[0])
-            self._tap.rows_deleted += deleted
-        eng.acknowledge(seq)
-        self._pace_writes(started)
+        with self._paced_write():
+            with eng.lock:
+                self._check_open()
+                if f is not None:
+                    with eng.readers.reading():
+                        vids = np.flatnonzero(self._plans.get(eng.state, f).allowed)
+                    exts = eng.state.idmap.vid2ext[vids]
+                planned = writes.plan_delete(eng.state, exts)
+                if planned is None:
+                    return 0
+                rec, change = planned
+                old_homes = self._homes_of(exts)
+                eng.commit(change, rec, IOClass.UPDATE)
+                seq = eng.seq
+                self._after_write(np.zeros(0, np.int64), old_homes)
+                deleted = int(rec.arrays["d_vids"].shape[0])
+                self._tap.rows_deleted += deleted
+            eng.acknowledge(seq)
         return deleted
 
-    def _pace_writes(self, started: float) -> None:
-        """Under ``io_scheduler="sla"``, foreground writes get a share of wall time that
-        shrinks (to 70% at least) while small searches miss their p99 target: the writer
-        pauses here, GIL released, once it has used its share."""
-        pause = self._engine.update_pacer.charge(time.perf_counter() - started)
+    @contextlib.contextmanager
+    def _paced_write(self) -> Iterator[None]:
+        """Around a write (its wait for the writers' lock and for durability included): under
+        ``io_scheduler="sla"``, foreground writes get a share of wall time that shrinks (to
+        70% at least) while small searches miss their p99 target, and the writer pauses after
+        the write, GIL released, once it has used its share. Writers overlapping (threads
+        waiting for each other's lock) are charged the wall time during which some write ran,
+        not the sum of their times, which at full duty would pause them for as long as they
+        overlap."""
+        eng = self._engine
+        eng.write_time.enter()
+        try:
+            yield
+        finally:
+            seconds = eng.write_time.leave()
+        pause = eng.update_pacer.charge(seconds)
         if pause > 0:
             time.sleep(pause)
 
@@ -653,25 +662,24 @@ class Index:
         payloads.require_store(self.config.store)
         if n == 0:
             return
-        started = time.perf_counter()
-        with eng.lock:
-            self._check_open()
-            vids = eng.state.idmap.live_vids(resolved.exts)
-            if (vids < 0).any():
-                missing = resolved.user(vids < 0)
-                raise UnknownIdError(f"set_metadata: ids not in the index: {preview(missing)}", missing)
-            metas = given
-            exts = resolved.exts.tolist()
-            if merge:
-                old = payloads.read(eng.store, exts, payloads.META)
-                merged = [{**(o or {}), **(g or {})} for o, g in zip(old, given.rows)]  # type: ignore[union-attr]
-                metas = payloads.check_metadata_rows(merged, n, self.config.max_metadata_bytes)
-            docs = payloads.read_raw(eng.store, exts, payloads.DOC)  # the record's value holds both
-            rec, change = writes.plan_set_metadata(eng.state, vids, resolved.exts, metas, docs)  # type: ignore[arg-type]
-            eng.commit(change, rec, IOClass.UPDATE)
-            seq = eng.seq
-        eng.acknowledge(seq)
-        self._pace_writes(started)
+        with self._paced_write():
+            with eng.lock:
+                self._check_open()
+                vids = eng.state.idmap.live_vids(resolved.exts)
+                if (vids < 0).any():
+                    missing = resolved.user(vids < 0)
+                    raise UnknownIdError(f"set_metadata: ids not in the index: {preview(missing)}", missing)
+                metas = given
+                exts = resolved.exts.tolist()
+                if merge:
+                    old = payloads.read(eng.store, exts, payloads.META)
+                    merged = [{**(o or {}), **(g or {})} for o, g in zip(old, given.rows)]  # type: ignore[union-attr]
+                    metas = payloads.check_metadata_rows(merged, n, self.config.max_metadata_bytes)
+                docs = payloads.read_raw(eng.store, exts, payloads.DOC)  # the record's value holds both
+                rec, change = writes.plan_set_metadata(eng.state, vids, resolved.exts, metas, docs)  # type: ignore[arg-type]
+                eng.commit(change, rec, IOClass.UPDATE)
+                seq = eng.seq
+            eng.acknowledge(seq)
 
     def count(self, filter: Any = None) -> int:
         """Live records, or those whose metadata matches ``filter``."""

@@ -474,6 +474,38 @@ class IOScheduler:
             t.join()
 
 
+class BusyClock:
+    """Wall time during which at least one of several overlapping tasks ran: each task calls
+    ``enter`` when it starts and ``leave`` when it ends, which returns the busy time since
+    the last ``leave`` (the time to charge a pacer: the union of the tasks' times, not their
+    sum)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._running = 0
+        self._since = 0.0  # when the busy time below was last counted up to
+        self._uncharged = 0.0
+
+    def _count_up(self) -> None:
+        now = self._clock()
+        if self._running:
+            self._uncharged += now - self._since
+        self._since = now
+
+    def enter(self) -> None:
+        with self._lock:
+            self._count_up()
+            self._running += 1
+
+    def leave(self) -> float:
+        with self._lock:
+            self._count_up()
+            self._running -= 1
+            seconds, self._uncharged = self._uncharged, 0.0
+            return seconds
+
+
 class BackgroundPacer:
     """Paces work that yields to searches (background rebalancing; foreground writes, with a
     higher floor) by its share of time, adapted to search latency.

@@ -14,13 +14,12 @@ Each replica's index paces its own part of the write the same way against its ow
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from typing import Callable, Iterator
 
 from vindex.config import SMALL_SEARCH_QUERIES, IndexConfig
 from vindex.engine import UPDATE_DUTY_FLOOR
-from vindex.iosched import BackgroundPacer
+from vindex.iosched import BackgroundPacer, BusyClock
 from vindex.readers import Readers
 
 
@@ -30,10 +29,7 @@ class WritePacing:
         self._target = config.interactive_p99_ms / 1000
         self._pacer = BackgroundPacer(config.io_scheduler, self._target, clock=clock, floor=UPDATE_DUTY_FLOOR)
         self._searches = Readers()
-        self._lock = threading.Lock()
-        self._writing = 0  # writes running now
-        self._since = 0.0  # when the writer time below was last counted up to
-        self._uncharged = 0.0  # wall seconds with some write running, not yet charged
+        self._busy = BusyClock()  # wall time with some write running
 
     @contextlib.contextmanager
     def search(self, n_queries: int, interactive: bool | None = None) -> Iterator[None]:
@@ -52,31 +48,13 @@ class WritePacing:
         after it (lock released) once it used its share."""
         if self._sla:
             self._searches.wait_for_searches(self._target)
-        self._enter()
+        self._busy.enter()
         try:
             yield
         finally:
-            pause = self._pacer.charge(self._leave())
+            pause = self._pacer.charge(self._busy.leave())
         if pause > 0:
             time.sleep(pause)
-
-    def _count_up(self, now: float) -> None:
-        if self._writing:
-            self._uncharged += now - self._since
-        self._since = now
-
-    def _enter(self) -> None:
-        with self._lock:
-            self._count_up(time.perf_counter())
-            self._writing += 1
-
-    def _leave(self) -> float:
-        """Wall seconds with some write running since the last charge: this write's to charge."""
-        with self._lock:
-            self._count_up(time.perf_counter())
-            self._writing -= 1
-            seconds, self._uncharged = self._uncharged, 0.0
-            return seconds
 
     @property
     def duty(self) -> float:
