@@ -102,7 +102,30 @@ def markdown_summary(result_files: list[str]) -> str:
     return "\n".join(lines)
 
 
+def markdown_dataset(result_file: str) -> str:
+    """One ``recall_qps`` result file as docs/benchmarks.md's table of that data set."""
+    with open(result_file) as fh:
+        res = json.load(fh)
+    meta = res["meta"]
+    lines = [f"{meta['dataset']} (n={meta['n']}, d={meta['dim']}, {meta.get('queries', '?')} queries):", "",
+             "| method | QPS@0.95 | p50 ms@0.95 | QPS@0.9 | p50 ms@0.9 | RSS open MiB | RSS after a search MiB "
+             "| 2 threads x@0.95 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def f(v, fmt):
+        return "" if v is None else format(v, fmt)
+
+    for row in res["summary"]:
+        lines.append(f"| {row['method']} | {f(row.get('qps@0.95'), '.0f')} | {f(row.get('p50@0.95'), '.3f')} | "
+                     f"{f(row.get('qps@0.9'), '.0f')} | {f(row.get('p50@0.9'), '.3f')} | {f(row.get('rss_mib'), '.0f')} | "
+                     f"{f(row.get('rss_search_mib'), '.0f')} | {f(row.get('threads2_x@0.95'), '.2f')} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     import sys
 
-    print(markdown_summary(sys.argv[1:]))
+    if sys.argv[1:2] == ["--dataset"]:
+        print("\n\n".join(markdown_dataset(p) for p in sys.argv[2:]))
+    else:
+        print(markdown_summary(sys.argv[1:]))
