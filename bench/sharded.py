@@ -40,32 +40,41 @@ def log(msg: str) -> None:
     print(f"[sharded] {msg}", file=sys.stderr, flush=True)
 
 
-def ingest(index, x: np.ndarray, first: int, batch: int, writers: int) -> float:
+def ingest(index, x: np.ndarray, first: int, batch: int, writers: int) -> tuple[float, float]:
     """Seconds to upsert ``x`` (ids ``first``, ``first + 1``, ...) in batches, ``writers``
-    calls at a time."""
+    calls at a time, and the CPU seconds this process spent meanwhile (all of an in-process
+    ``Index``'s work; only the coordinator's for a sharded collection)."""
     starts = range(0, x.shape[0], batch)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with ThreadPoolExecutor(writers) as pool:
         list(pool.map(lambda lo: index.upsert(first + np.arange(lo, min(lo + batch, x.shape[0])), x[lo:lo + batch]),
                       starts))
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
-def ingest_both(indexes: list, x: np.ndarray, chunk: int, batch: int, writers: int) -> tuple[list, list]:
+def ingest_both(indexes: list, x: np.ndarray, chunk: int, batch: int, writers: int) -> tuple[list, list, list, list]:
     """Rows/s of each index ingesting ``x``, in turns of ``chunk`` rows, so that the load
     other processes put on the machine meanwhile falls on all of them alike. After its turn
     each index settles (``wait_idle``): its background rebalancing runs in its own turn and
     not in the next index's. Returns the rates of the upsert calls alone and with the
+    settling included, and the cores this process kept busy during the calls and with the
     settling included."""
     seconds = [0.0] * len(indexes)
+    cpu = [0.0] * len(indexes)
     settling = [0.0] * len(indexes)
+    settling_cpu = [0.0] * len(indexes)
     for lo in range(0, x.shape[0], chunk):
         for i, index in enumerate(indexes):
-            seconds[i] += ingest(index, x[lo:lo + chunk], lo, batch, writers)
-            t0 = time.perf_counter()
+            wall, used = ingest(index, x[lo:lo + chunk], lo, batch, writers)
+            seconds[i] += wall
+            cpu[i] += used
+            t0, c0 = time.perf_counter(), time.process_time()
             index.wait_idle()
             settling[i] += time.perf_counter() - t0
-    return ([x.shape[0] / s for s in seconds], [x.shape[0] / (s + w) for s, w in zip(seconds, settling)])
+            settling_cpu[i] += time.process_time() - c0
+    return ([x.shape[0] / s for s in seconds], [x.shape[0] / (s + w) for s, w in zip(seconds, settling)],
+            [c / s for c, s in zip(cpu, seconds)],
+            [(c + sc) / (s + w) for c, sc, s, w in zip(cpu, settling_cpu, seconds, settling)])
 
 
 def sweep(index, queries: np.ndarray, gt: np.ndarray, settings: list[int], repeat: int) -> list[dict]:
@@ -174,15 +183,18 @@ def ingest_search_latency(one, sharded, base: np.ndarray, queries: np.ndarray, g
     """The ingest figures, then (in ``parts``) the search and latency ones, of ``one`` Index
     and the ``sharded`` collection filled with ``base``."""
     out: dict = {}
-    (rate_one, rate_sharded), (settled_one, settled_sharded) = ingest_both(
+    (rate_one, rate_sharded), (settled_one, settled_sharded), (cores_one, _), (cores_settled, _) = ingest_both(
         [one, sharded], base, datasets.parse_count(args.chunk), args.batch, args.writers)
-    log(f"ingest: one Index {rate_one:.0f} rows/s, {args.shards} shards {rate_sharded:.0f} rows/s "
-        f"(x{rate_sharded / rate_one:.2f}); settled included {settled_one:.0f} and {settled_sharded:.0f} "
-        f"(x{settled_sharded / settled_one:.2f})")
+    log(f"ingest: one Index {rate_one:.0f} rows/s on {cores_one:.2f} cores, {args.shards} shards "
+        f"{rate_sharded:.0f} rows/s (x{rate_sharded / rate_one:.2f}); settled included {settled_one:.0f} "
+        f"(one Index on {cores_settled:.2f} cores) and {settled_sharded:.0f} (x{settled_sharded / settled_one:.2f})")
     out["ingest"] = {"one_rows_per_s": rate_one, "sharded_rows_per_s": rate_sharded,
                      "ratio": rate_sharded / rate_one, "one_settled_rows_per_s": settled_one,
                      "sharded_settled_rows_per_s": settled_sharded,
-                     "settled_ratio": settled_sharded / settled_one}
+                     "settled_ratio": settled_sharded / settled_one,
+                     # the one Index's CPU seconds per wall second of its upsert calls: what
+                     # the shards, on the same machine, have left to add
+                     "one_cpu_cores": cores_one, "one_settled_cpu_cores": cores_settled}
     settings = [int(s) for s in args.settings.split(",")]
     m = settings[-1]
     if "search" in parts:
