@@ -131,8 +131,8 @@ def warmup() -> None:
     filtered.pick(recs_u, starts, ends, np.ones(8, np.bool_), versions, vid2ext, np.empty((4, d + 2), np.uint32),
                   np.empty(4, np.int64), 0, np.zeros(8, np.bool_))
     for metric in (distances.L2, distances.IP):
-        filtered.top_k(recs_f, live, q, metric, 3, 256)
-        filtered.top_k_held(recs_f, live, q, metric, 3, 256)
+        filtered.top_k(recs_f, live, q, metric, 3, 256, np.float32(0.5))
+        filtered.top_k_held(recs_f, live, q, metric, 3, 256, np.float32(0.5))
     labels = np.full(4, -1, np.int64)
     cents = np.zeros((2, d), np.float32)
     keep, n_live = lire.live_dedupe(recs_u, offsets, versions, np.full(8, -1, np.int64))

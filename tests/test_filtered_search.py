@@ -69,6 +69,24 @@ def test_broad_filter_scans_the_graphs_nearest_postings(built):
         assert res.ids[row].tolist() == found[labels[found] < 50][:10].tolist()
 
 
+@pytest.mark.parametrize("nq", [1, 40])  # the GIL-held kernel and the nogil one
+def test_gathered_cosine_distances_are_one_minus_cos(tmp_path, nq):
+    """Under cosine the gathered scan returns 1 - cos, as the posting scan does."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((300, DIM)).astype(np.float32)
+    labels = np.arange(300) % 50
+    with vindex.Index.build(tmp_path / "cos", x, metadata=[{"label": int(v)} for v in labels], metric="cosine",
+                            rebalance=False) as idx:
+        q = rng.standard_normal((nq, DIM)).astype(np.float32)
+        res = idx.search(q, 4, filter={"label": 7})
+        assert res.stats["postings"] == 0
+        unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+        qs = q / np.linalg.norm(q, axis=1, keepdims=True)
+        cos = np.take_along_axis(qs @ unit.T, res.ids, axis=1)
+        np.testing.assert_allclose(res.distances, 1 - cos, rtol=1e-4, atol=1e-5)
+        assert np.all(labels[res.ids] == 7)
+
+
 def test_gathered_search_returns_what_include_asks_for(built):
     idx, x, labels = built
     res = idx.search(x[:2], 3, filter={"label": {"$lt": 1}}, include=("metadata", "vectors"))

@@ -100,6 +100,16 @@ class FilterPlan:
         out[n:] = DELETED
         return out
 
+    def gathers_at(self, graph: HeadGraph, max_postings: int, config: IndexConfig, dim: int) -> bool:
+        """``gathers(graph, self, ...)``, remembered per ``max_postings`` and live head count
+        (a one-query search repeats it; a plan is one open index's, whose config is fixed)."""
+        key = (max_postings, graph.n_alive)
+        memo = self.__dict__.setdefault("_gathers", {})
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = gathers(graph, self, max_postings, config, dim)
+        return found
+
     def gathered(self, state: State, store: PostingStore, dim: int, tenant: str) -> Gathered | None:
         """The matching records' vectors in one matrix, read once per plan from their home
         postings; call with writers held off, at the plan's ``applied``. None if a live copy
@@ -208,17 +218,18 @@ def gathered_for(state: State, store: PostingStore, fplan: FilterPlan, max_posti
     """The plan's gathered records when scoring just them is the cheaper way (``gathers``),
     else None (scan the postings). Call with writers held off since ``fplan`` was made: the
     copy is then the state's, and stays so however the state moves on."""
-    if fplan.applied != state.applied or not gathers(state.graph, fplan, max_postings, config, dim):
+    if fplan.applied != state.applied or not fplan.gathers_at(state.graph, max_postings, config, dim):
         return None
     return fplan.gathered(state, store, dim, tenant)
 
 
-def search_gathered(found: Gathered, queries: np.ndarray, k: int, metric: int) -> tuple[np.ndarray, np.ndarray, dict]:
+def search_gathered(found: Gathered, queries: np.ndarray, k: int, metric: int,
+                    scale: np.float32) -> tuple[np.ndarray, np.ndarray, dict]:
     """The exact top-``k`` of ``queries`` among the gathered records, as ``search.search``
-    returns it."""
+    returns it, distances times ``scale`` (float32)."""
     nq = queries.shape[0]
     top_k = native.filtered.top_k_held if nq <= SMALL_SEARCH_QUERIES else native.filtered.top_k
-    heap_i, heap_d = top_k(found.rows, found.ids, queries, metric, k, GATHER_PIECE)
+    heap_i, heap_d = top_k(found.rows, found.ids, queries, metric, k, GATHER_PIECE, scale)
     return heap_i, heap_d, {"postings": 0, "records_scanned": found.rows.shape[0] * nq, "postings_dropped": 0}
 
 

@@ -39,6 +39,7 @@ from .verify import verify as verify_index
 #: ``include`` of a search that asks for nothing beside ids and distances.
 _NOTHING: frozenset[str] = frozenset()
 _HALF = np.float32(0.5)
+_ONE = np.float32(1.0)
 #: Attempts of an optimistic ``get`` before it reads under the writers' lock.
 GET_RETRIES = 3
 #: Rows of metadata and documents per store write of a bulk build.
@@ -391,10 +392,10 @@ class Index:
             found = filtered.gathered_for(st, eng.store, fplan, m, self.config, self.dim, tenant)
         if found is None:
             return None, fplan
-        ids, dists, work = filtered.search_gathered(found, q, k, self._metric_code)
+        # (cosine: |a - b|^2 = 2 - 2cos for unit vectors, halved in the kernel)
+        ids, dists, work = filtered.search_gathered(found, q, k, self._metric_code,
+                                                    _HALF if self.metric == "cosine" else _ONE)
         work["filter_matches"] = fplan.matches
-        if self.metric == "cosine":
-            dists *= np.float32(0.5)
         eng.observe_search(time.perf_counter() - started, q.shape[0])
         self._tap.searched(q)
         return SearchResult(idkinds.to_user(st, ids), dists, work,
