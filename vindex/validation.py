@@ -126,12 +126,24 @@ def non_negative_float(value: Any, name: str) -> float:
 MAX_SQUARED_NORM = 1e37
 
 
+_native: Any = None
+
+
+def _kernels() -> Any:
+    """``vindex.native``, imported on the first search or write (numba loads then, not on
+    ``import vindex``), then kept: an import statement per call costs a small search ~0.3 us."""
+    global _native
+    if _native is None:
+        from vindex import native
+        _native = native
+    return _native
+
+
 def search_rows(x: Any, dim: int, *, unit: bool, what: str) -> np.ndarray:
     """``x`` as ``vectors`` makes it, then scaled to unit length (``unit``: the cosine
     metric) or checked as ``bounded_rows`` does, the checks in one kernel pass
     (``native.rows``); ``unit_rows`` and ``bounded_rows`` name a failing row."""
-    from vindex import native  # (numba loads on the first search or write, not on import)
-
+    native = _kernels()
     if not (type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous and 1 <= x.ndim <= 2
             and x.shape[-1] == dim and x.size):
         x = vectors(x, dim, what=what)
@@ -162,10 +174,8 @@ def bounded_rows(x: np.ndarray, *, what: str) -> np.ndarray:
 def unit_rows(x: np.ndarray, *, what: str) -> np.ndarray:
     """Finite rows ``x (n, d) float32`` scaled to unit length (cosine metric), their norms
     summed in float64 (``native.rows``); zero rows are an error."""
-    from vindex import native
-
     out = np.empty_like(x)
-    if native.rows.check_rows(x, True, 0.0, out) < 0:
+    if _kernels().rows.check_rows(x, True, 0.0, out) < 0:
         return out
     finite = np.isfinite(x).all(axis=1)
     if not finite.all():
