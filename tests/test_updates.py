@@ -170,6 +170,27 @@ def test_paused_background_starts_no_round_and_catches_up_after(tmp_path):
         check_exact(index, model, ints(rng, 20))
 
 
+def test_background_threads_know_the_interpreter_is_exiting_before_pools_refuse_work():
+    """At exit the thread pools refuse work while the main thread still reads as alive; a
+    thread that meets the refusal must already see ``interpreter_exiting()``."""
+    script = """
+import os, threading
+from concurrent.futures import ThreadPoolExecutor
+from vindex.exiting import interpreter_exiting
+pool = ThreadPoolExecutor(1)
+def watch():
+    while True:
+        try:
+            pool.submit(int).result()
+        except RuntimeError:
+            os.write(1, f"exiting={interpreter_exiting()}".encode())
+            os._exit(0)
+threading.Thread(target=watch).start()  # not a daemon: joined after the exit hooks ran
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert res.stdout == "exiting=True", (res.stdout, res.stderr)
+
+
 def test_an_index_left_open_at_exit_stops_its_background_quietly(tmp_path):
     # at exit the interpreter shuts thread pools down before it finalizes the index, so a
     # round running then failed and logged a traceback

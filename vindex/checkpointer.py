@@ -27,6 +27,7 @@ import numpy as np
 
 from . import checkpoint, oplog
 from .attempts import Attempts
+from .exiting import interpreter_exiting
 from .failures import Backoff, RateLimitedLog
 from .iosched import lower_thread_priority
 
@@ -161,7 +162,7 @@ class Checkpointer:
                 self.count += 1
                 self._backoff.reset()
             except BaseException as exc:  # keep the thread alive; report through wait_idle
-                if not threading.main_thread().is_alive():
+                if interpreter_exiting():
                     log.info("checkpoints stopped: the interpreter is exiting")
                     return
                 failed = True

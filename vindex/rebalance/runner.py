@@ -13,6 +13,7 @@ import numpy as np
 
 from ..attempts import Attempts
 from ..engine import Engine
+from ..exiting import interpreter_exiting
 from ..failures import LOG_INTERVAL_S, Backoff, RateLimitedLog
 from ..iosched import lower_thread_priority, yielding_pool
 from . import policy
@@ -196,7 +197,7 @@ class Rebalancer:
                         self._rounds.error = None  # the failure (a full disk, say) is over
                     self._backoff.reset()
             except BaseException as exc:  # keep the worker alive; report through wait_idle
-                if not threading.main_thread().is_alive():
+                if interpreter_exiting():
                     # the interpreter is exiting with the index open and has shut the thread
                     # pools down: stop quietly; the next open queues what is left over limit
                     log.info("background rebalancing stopped: the interpreter is exiting")
