@@ -121,7 +121,7 @@ def warmup() -> None:
         for scan_codes, rerank in ((codes.scan_codes, codes.rerank), (codes.scan_codes_held, codes.rerank_held)):
             scan_codes(*grouped, table, code_u, code_u.view(np.uint8), gens, spans, versions, vid2ext, q, metric, lo,
                        scale, cand_d, cand_v, cand_n)
-            rerank(cand_d, cand_v, cand_n, -1, q, metric, vid2ext, hd, hi, sizes)
+            rerank(cand_d, cand_v, cand_n, -1, q, metric, vid2ext, hd, hi, sizes, np.float32(0.1))
     read_only = np.frombuffer(recs.tobytes(), dtype=np.float32).reshape(-1, d + 2)  # a commit's bytes
     for rows_f in (recs_f, read_only):
         rows_u = rows_f.view(np.uint32)

@@ -191,37 +191,69 @@ def scan_codes(pids, q_ptr, q_idx, table, codes_u, codes_b, gens, spans, version
 
 
 @nb.njit(**_io)
-def rerank(cand_d, cand_v, cand_n, fd, queries, metric, vid2ext, heap_d, heap_i, sizes):
-    """Score every candidate exactly against its float32 vector (row ``vid`` of the vector
-    file ``fd``) with the scan kernels' arithmetic (``distances.to_rows``: the same distance,
-    bit for bit, as a scan of the float32 posting gives) and offer it to the exact heaps; a
-    candidate whose row cannot be read keeps its estimate. Returns the rows read."""
+def rerank(cand_d, cand_v, cand_n, fd, queries, metric, vid2ext, heap_d, heap_i, sizes, err):
+    """Score the candidates exactly against their float32 vectors (row ``vid`` of the vector
+    file ``fd``), nearest estimate first, with the scan kernels' arithmetic
+    (``distances.to_rows``: the same distance, bit for bit, as a scan of the float32 posting
+    gives) and offer them to the exact heaps; a candidate whose row cannot be read keeps its
+    estimate. Returns the rows read.
+
+    ``err`` bounds how far a coded vector lies from its float32 one (``|x - x_hat|``; see
+    ``vindex.storage.codes``), so a candidate whose estimate, less that, is still farther
+    than a full heap's worst cannot enter it, nor can any after it: the rerank stops there,
+    with the heaps it would have left, reading a fraction of the candidates' rows."""
     dim = queries.shape[1]
-    rows = np.empty((cand_d.shape[1], dim), dtype=np.float32)
-    got = np.zeros(cand_d.shape[1], dtype=np.bool_)
-    dist = np.empty(cand_d.shape[1], dtype=np.float32)
+    rows = np.empty((4, dim), dtype=np.float32)
+    got = np.zeros(4, dtype=np.bool_)
+    dist = np.empty(4, dtype=np.float32)
     nbytes = dim * 4
     reads = 0
+    k = heap_d.shape[1]
     for qi in range(cand_n.shape[0]):
         n = cand_n[qi]
         if n == 0:
             continue
-        for c in range(n):
-            got[c] = _pread(fd, rows[c].ctypes.data, nbytes, cand_v[qi, c] * nbytes) == nbytes
-        reads += n
-        to_rows(metric, queries[qi], rows, 0, n, 0, dist)
+        order = np.argsort(cand_d[qi, :n])
+        q = queries[qi]
+        q_sq = np.float32(0.0)
+        for d in range(dim):
+            q_sq += q[d] * q[d]
+        q_norm = np.float32(np.sqrt(q_sq))
         hd = heap_d[qi]
         hi = heap_i[qi]
         size = sizes[qi]
-        for c in range(n):
-            ext = vid2ext[cand_v[qi, c]]
-            if ext < 0:
-                continue
-            s = dist[c] if got[c] else cand_d[qi, c]
-            if heap.accepts(hd, hi, size, s, ext) and not heap.contains(hi, size, ext):
-                size = heap.push(hd, hi, size, s, ext)
+        for c0 in range(0, n, 4):
+            if size == k and _beyond(metric, cand_d[qi, order[c0]], err, q_norm, hd[0]):
+                break
+            g = min(4, n - c0)
+            for j in range(g):
+                vid = cand_v[qi, order[c0 + j]]
+                got[j] = _pread(fd, rows[j].ctypes.data, nbytes, vid * nbytes) == nbytes
+            reads += g
+            to_rows(metric, q, rows, 0, g, 0, dist)
+            for j in range(g):
+                c = order[c0 + j]
+                ext = vid2ext[cand_v[qi, c]]
+                if ext < 0:
+                    continue
+                s = dist[j] if got[j] else cand_d[qi, c]
+                if heap.accepts(hd, hi, size, s, ext) and not heap.contains(hi, size, ext):
+                    size = heap.push(hd, hi, size, s, ext)
         sizes[qi] = size
     return reads
+
+
+@nb.njit(inline="always", **_q)
+def _beyond(metric, estimate, err, q_norm, worst):
+    """True if a vector whose code's distance is ``estimate`` is surely farther than
+    ``worst``: by the triangle inequality ``|q - x| >= |q - x_hat| - err`` (L2, distances
+    squared), ``-q.x >= -q.x_hat - |q| err`` (IP); a relative 1e-4 covers the float32 sums'
+    rounding."""
+    slack = np.float32(1e-4)
+    if metric == L2:
+        low = np.float32(np.sqrt(max(estimate, np.float32(0.0)))) * (1 - slack) - err
+        return low > 0 and low * low > worst * (1 + slack) + slack * abs(worst)
+    return estimate - q_norm * err - slack * abs(estimate) > worst + slack * abs(worst)
 
 
 @nb.njit(**_q)
@@ -274,6 +306,6 @@ def scan_codes_held(pids, q_ptr, q_idx, table, codes_u, codes_b, gens, spans, ve
 
 
 @nb.njit
-def rerank_held(cand_d, cand_v, cand_n, fd, queries, metric, vid2ext, heap_d, heap_i, sizes):
+def rerank_held(cand_d, cand_v, cand_n, fd, queries, metric, vid2ext, heap_d, heap_i, sizes, err):
     """:func:`rerank`, GIL held (not cached either)."""
-    return rerank(cand_d, cand_v, cand_n, fd, queries, metric, vid2ext, heap_d, heap_i, sizes)
+    return rerank(cand_d, cand_v, cand_n, fd, queries, metric, vid2ext, heap_d, heap_i, sizes, err)

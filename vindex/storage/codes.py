@@ -137,6 +137,12 @@ class PostingCodes:
         lo, hi = lo - pad, hi + pad
         scale = np.maximum((hi - lo) / 255.0, 1e-12).astype(np.float32)
         self.scale, self.inv_scale, self.lo = scale, (1.0 / scale).astype(np.float32), lo.astype(np.float32)
+        # how far a coded record lies from its vector at most: half a step in each dimension,
+        # plus the clipping ``encode`` lets through (squared, in steps: up to ``budget``),
+        # 1% more for the float32 reciprocal of the scale
+        budget = max(self.dim / 12.0, 1.0)
+        self.error_bound = np.float32(1.01 * (0.5 * float(np.linalg.norm(scale.astype(np.float64)))
+                                              + np.sqrt(budget) * float(scale.max())))
 
     def encode(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Code records of record bytes ``data`` (uint8): ``(codes as bytes, clipped per

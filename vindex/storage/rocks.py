@@ -519,7 +519,7 @@ class RocksStore:
         if version != self._dir_version:
             return grouped
         codes.rerank_reads += native.codes.rerank_held(cand_d, cand_v, cand_n, codes.vectors.fd, queries, metric,
-                                                       vid2ext, heap_d, heap_i, sizes)
+                                                       vid2ext, heap_d, heap_i, sizes, codes.error_bound)
         if hits:
             self._io.admit(tenant, hits)
             self.reads += hits
@@ -1019,14 +1019,13 @@ class RocksStore:
         post, pdir = self._handle["postings"], self._handle["pdir"]
         batch, size = WriteBatch(raw_mode=True), 0
         codes = self._codes
-        coded: list[tuple[int, int, int, np.ndarray]] = []
+        loaded: list[tuple[int, int, int, np.ndarray]] = []  # (pid, span word, generation, bytes)
         if codes is not None and records.ndim == 2:
             codes.train(records)  # the whole build, not its first postings
         for i, pid in enumerate(np.asarray(pids).tolist()):
             lo, hi = int(offsets[i]), int(offsets[i + 1])
             data = records[lo:hi].tobytes()
-            if codes is not None:
-                coded.append((pid, 1, int(self._gens.get_one(pid)) + 1, np.frombuffer(data, np.uint8)))
+            loaded.append((pid, 1, int(self._gens.get_one(pid)) + 1, np.frombuffer(data, np.uint8)))
             batch.put(_key(pid, 0), data, post)
             batch.put(_PID.pack(pid), _PDIR.pack(1, hi - lo, 0), pdir)
             self._spans.ensure(pid)
@@ -1039,16 +1038,28 @@ class RocksStore:
             if size >= 64 << 20:
                 self._db.write(batch, opts)
                 batch, size = WriteBatch(raw_mode=True), 0
-            if len(coded) >= CODES_BUILD_READ:
-                codes.keep(coded)
-                coded = []
-        if coded:
-            codes.keep(coded)
+            if len(loaded) >= CODES_BUILD_READ:
+                self._keep_loaded(loaded)
+                loaded = []
+        self._keep_loaded(loaded)
         if len(batch):
             self._db.write(batch, opts)
         self._db.flush()
         self._cf["postings"].flush()
         self._cf["pdir"].flush()
+
+    def _keep_loaded(self, loaded: list[tuple[int, int, int, np.ndarray]]) -> None:
+        """Code the postings a build wrote, and keep them as float32 while the ring has room:
+        a search's misses are served by the codes and never read the float32 posting, so the
+        ring would stay empty and every small search pay the codes' rerank reads (on
+        wiki-minilm-15k after a build, max_postings 48: p50 191 us against 120 with the
+        postings kept)."""
+        if not loaded:
+            return
+        if self._codes is not None:
+            self._codes.keep(loaded)
+        if self._kept.capacity and self._kept.keep_whole:
+            self._kept.keep([(p, span, gen, True, rows) for p, span, gen, rows in loaded], evict=False)
 
     def read_payload(self, keys: list[bytes]) -> list[bytes | None]:
         """Values of payload ``keys`` (None where a key has none)."""
