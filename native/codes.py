@@ -22,6 +22,7 @@ from . import heap
 from .distances import FASTMATH, to_rows
 from .fast import resident_whole
 from .metrics import L2
+from .scan import nearest_first
 
 _q = dict(cache=True, nogil=True, fastmath=FASTMATH)
 _io = dict(nogil=True, fastmath=FASTMATH)  # not cached: calls libc through ctypes
@@ -132,10 +133,11 @@ def _code_rows(metric, t, base, scale, codes_b, e0, e1, out):
 
 
 @nb.njit(**_q)
-def scan_codes(pids, q_ptr, q_idx, table, codes_u, codes_b, gens, spans, versions, vid2ext, queries, metric, lo,
-               scale, cand_d, cand_v, cand_n):
+def scan_codes(pids, q_ptr, q_idx, sel, counts, table, codes_u, codes_b, gens, spans, versions, vid2ext, queries,
+               metric, lo, scale, cand_d, cand_v, cand_n):
     """Scan the code records of postings ``pids`` (each wanted by queries
-    ``q_idx[q_ptr[p]:q_ptr[p+1]]``) that the code table holds whole and current
+    ``q_idx[q_ptr[p]:q_ptr[p+1]]``, in ``scan.nearest_first`` order of the heads chosen,
+    ``sel``/``counts``) that the code table holds whole and current
     (``fast.resident_whole``) into per-query candidate heaps ``cand_d``/``cand_v`` (estimated
     distance, vid; sizes ``cand_n``), live records only, each vid once. Returns ``(miss pids,
     q_ptr, q_idx, postings scanned, records scanned)``, the misses grouped as given."""
@@ -150,18 +152,21 @@ def scan_codes(pids, q_ptr, q_idx, table, codes_u, codes_b, gens, spans, version
     m_idx = np.empty(q_ptr[n], dtype=np.int32)
     miss = np.empty(n, dtype=np.int32)
     n_miss = 0
-    for p in range(n):
-        pid = pids[p]
-        if not resident_whole(table, pid, gens, spans):
-            miss[n_miss] = pid
-            lo_q = m_ptr[n_miss]
-            for j in range(q_ptr[p], q_ptr[p + 1]):
-                m_idx[lo_q + j - q_ptr[p]] = q_idx[j]
-            m_ptr[n_miss + 1] = lo_q + q_ptr[p + 1] - q_ptr[p]
-            n_miss += 1
+    for p in range(n):  # the misses by pid, for the store
+        if resident_whole(table, pids[p], gens, spans):
+            hit[p] = True
+            n_hit += 1
             continue
-        hit[p] = True
-        n_hit += 1
+        miss[n_miss] = pids[p]
+        lo_q = m_ptr[n_miss]
+        for j in range(q_ptr[p], q_ptr[p + 1]):
+            m_idx[lo_q + j - q_ptr[p]] = q_idx[j]
+        m_ptr[n_miss + 1] = lo_q + q_ptr[p + 1] - q_ptr[p]
+        n_miss += 1
+    for p in nearest_first(sel, counts, pids):
+        if not hit[p]:
+            continue
+        pid = pids[p]
         e0 = table[pid, 0]
         e1 = e0 + table[pid, 1]
         scanned += (e1 - e0) * (q_ptr[p + 1] - q_ptr[p])
@@ -298,11 +303,11 @@ def write_vectors(fd, recs_u, recs_f, rows):
 # release costs a search a hand-off beside a thread running Python): a search served by
 # its kept postings and its codes then releases the GIL not once.
 @nb.njit(cache=True)
-def scan_codes_held(pids, q_ptr, q_idx, table, codes_u, codes_b, gens, spans, versions, vid2ext, queries, metric, lo,
-                    scale, cand_d, cand_v, cand_n):
+def scan_codes_held(pids, q_ptr, q_idx, sel, counts, table, codes_u, codes_b, gens, spans, versions, vid2ext, queries,
+                    metric, lo, scale, cand_d, cand_v, cand_n):
     """:func:`scan_codes`, GIL held."""
-    return scan_codes(pids, q_ptr, q_idx, table, codes_u, codes_b, gens, spans, versions, vid2ext, queries, metric,
-                      lo, scale, cand_d, cand_v, cand_n)
+    return scan_codes(pids, q_ptr, q_idx, sel, counts, table, codes_u, codes_b, gens, spans, versions, vid2ext,
+                      queries, metric, lo, scale, cand_d, cand_v, cand_n)
 
 
 @nb.njit

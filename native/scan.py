@@ -77,6 +77,25 @@ def group_by_posting(sel, counts, slot):
 
 
 @nb.njit(**_q)
+def nearest_first(sel, counts, pids):
+    """The order to scan postings ``pids`` (ascending: ``group_by_posting``'s, or some of
+    them) in: for one query, its heads' order, nearest first, so its heap fills with near
+    records early and most records after fail its bound before their liveness and
+    duplicate checks (random reads of the id maps); for several queries, which share
+    postings, pid order."""
+    if sel.shape[0] != 1:
+        return np.arange(pids.shape[0])
+    at = np.searchsorted(pids, sel[0, :counts[0]])
+    out = np.empty(pids.shape[0], dtype=np.int64)
+    n = 0
+    for t in range(at.shape[0]):  # (``pids`` may be some of the heads: the misses of a scan)
+        if at[t] < pids.shape[0] and pids[at[t]] == sel[0, t] and n < out.shape[0]:
+            out[n] = at[t]
+            n += 1
+    return out[:n]
+
+
+@nb.njit(**_q)
 def live_ids_ranges(recs_u, starts, ends, versions, vid2ext):
     """``live_ids`` of the records ``starts[j]:ends[j]`` of each posting ``j``, one posting
     after another: posting ``j``'s ids start at the sum of the lengths before it."""

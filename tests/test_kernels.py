@@ -288,6 +288,17 @@ def test_group_by_posting_inverts_query_lists():
         assert sorted(q_idx[q_ptr[p]:q_ptr[p + 1]].tolist()) == want
 
 
+def test_one_query_scans_its_postings_nearest_first_and_a_batch_by_pid():
+    sel = np.array([[7, 2, 9, 4, -1]], np.int32)  # nearest first
+    counts = np.array([4], np.int32)
+    pids = np.array([2, 4, 7, 9], np.int32)
+    assert pids[scan.nearest_first(sel, counts, pids)].tolist() == [7, 2, 9, 4]
+    some = np.array([4, 9], np.int32)  # the misses of an earlier scan
+    assert some[scan.nearest_first(sel, counts, some)].tolist() == [9, 4]
+    two = np.array([[7, 2, 9, 4], [9, 4, 7, 2]], np.int32)
+    assert scan.nearest_first(two, np.array([4, 4], np.int32), pids).tolist() == [0, 1, 2, 3]
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_copies_named_matches_isin_per_posting(seed):

@@ -148,8 +148,8 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, heads, choose
             if graph.generation != generation and not last:
                 return None
             live = idmap.versions if versions is None else versions(idmap.versions)
-            grouped = store.scan_codes(grouped, queries, metric, live, idmap.vid2ext, heap_d, heap_i, sizes, rerank,
-                                       tenant)
+            grouped = store.scan_codes(grouped, head_ids, counts, queries, metric, live, idmap.vid2ext, heap_d, heap_i,
+                                       sizes, rerank, tenant)
         if not grouped[0].shape[0]:  # the rest were coded: sorted here
             native.held.finish(heap_d, heap_i, sizes)
     if grouped is not None and not grouped[0].shape[0]:  # every posting was kept (the kernel sorted the heaps)

@@ -486,10 +486,12 @@ class RocksStore:
             self.resident_reads += hits
         return out, True
 
-    def scan_codes(self, grouped: tuple, queries: np.ndarray, metric: int, versions: np.ndarray,
-                   vid2ext: np.ndarray, heap_d: np.ndarray, heap_i: np.ndarray, sizes: np.ndarray, rerank: int,
-                   tenant: str = "default") -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
-        """The fast path's misses ``grouped`` (as ``scan_resident`` returns them) scanned as
+    def scan_codes(self, grouped: tuple, sel: np.ndarray, counts: np.ndarray, queries: np.ndarray, metric: int,
+                   versions: np.ndarray, vid2ext: np.ndarray, heap_d: np.ndarray, heap_i: np.ndarray,
+                   sizes: np.ndarray, rerank: int, tenant: str = "default"
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+        """The fast path's misses ``grouped`` (as ``scan_resident`` returns them; ``sel``/
+        ``counts``: the heads chosen, which set the scan's order) scanned as
         int8 codes where the store holds them whole and current (``native.codes.scan_codes``),
         the best ``rerank`` of each query scored exactly against its float32 vector into the
         heaps; returns what is left to ``read``, as ``grouped``, counts added. A commit that
@@ -512,7 +514,7 @@ class RocksStore:
         table, token = ring.pin_all()
         try:
             miss, m_ptr, m_idx, hits, coded = native.codes.scan_codes_held(
-                pids, q_ptr, q_idx, table, ring.rows, codes.ring_b, self._gens.array(), self._spans.array(), versions,
+                pids, q_ptr, q_idx, sel, counts, table, ring.rows, codes.ring_b, self._gens.array(), self._spans.array(), versions,
                 vid2ext, queries, metric, codes.lo, codes.scale, cand_d, cand_v, cand_n)
         finally:
             ring.release(token)
