@@ -151,9 +151,10 @@ def exact_search(queries, heads, alive, metric, m, eps, out_ids, out_d):
     row = np.empty(heads.shape[0], dtype=np.float32)
     hd = np.empty(m, dtype=np.float32)
     hi = np.empty(m, dtype=np.int64)
+    cand = np.empty(8 * m, dtype=np.int64)
     for i in range(queries.shape[0]):
         to_rows(metric, queries[i], heads, 0, heads.shape[0], 0, row)  # ``smallest`` skips dead heads
-        size = heap.smallest(row, alive, hd, hi)
+        size = heap.smallest_sampled(row, alive, hd, hi, cand)
         counts[i] = heap.emit_pruned(hd, hi, size, eps, out_ids[i], out_d[i])
     return counts
 

@@ -273,6 +273,26 @@ def test_replica_selection_follows_rng_rule(eps, factor):
         np.testing.assert_array_equal(out_d[i, :counts[i]], d[i, expect])
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_sampled_selection_equals_the_plain_heap(seed):
+    """``heap.smallest_sampled`` (a bound from a sample, then the heap over what lies
+    under it) keeps what ``heap.smallest`` keeps, ties (by id) and dead entries included."""
+    rng = np.random.default_rng(seed)
+    n, m = int(rng.integers(1, 3000)), int(rng.integers(1, 100))
+    levels = int(rng.choice([3, 50, 1 << 20]))  # few distinct values: many ties
+    row = (rng.integers(0, levels, n) / levels).astype(np.float32)
+    if rng.random() < 0.2:
+        row[rng.random(n) < 0.5] = np.inf
+    alive = rng.random(n) < rng.choice([1.0, 0.9, 0.3])
+    got = []
+    for fn, extra in ((heap.smallest, ()), (heap.smallest_sampled, (np.empty(8 * m, np.int64),))):
+        hd, hi = np.empty(m, np.float32), np.empty(m, np.int64)
+        size = fn(row, alive, hd, hi, *extra)
+        got.append((size, hd[:size].tolist(), hi[:size].tolist()))
+    assert got[0] == got[1]
+
+
 def test_group_by_posting_inverts_query_lists():
     rng = np.random.default_rng(4)
     sel = np.full((20, 6), -1, np.int32)
