@@ -119,8 +119,8 @@ def warmup() -> None:
     for metric in (distances.L2, distances.IP):
         cand_d, cand_v, cand_n = np.empty((2, 3), np.float32), np.empty((2, 3), np.int64), np.zeros(2, np.int32)
         for scan_codes, rerank in ((codes.scan_codes, codes.rerank), (codes.scan_codes_held, codes.rerank_held)):
-            scan_codes(*grouped, ids, counts, table, code_u, code_u.view(np.uint8), gens, spans, versions, vid2ext, q, metric, lo,
-                       scale, cand_d, cand_v, cand_n)
+            scan_codes(*grouped, ids, counts, table, code_u, code_u.view(np.uint8), gens, spans, versions, vid2ext, q,
+                       metric, lo, scale, cand_d, cand_v, cand_n)
             rerank(cand_d, cand_v, cand_n, -1, q, metric, vid2ext, hd, hi, sizes, np.float32(0.1))
     read_only = np.frombuffer(recs.tobytes(), dtype=np.float32).reshape(-1, d + 2)  # a commit's bytes
     for rows_f in (recs_f, read_only):

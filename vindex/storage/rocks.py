@@ -514,8 +514,8 @@ class RocksStore:
         table, token = ring.pin_all()
         try:
             miss, m_ptr, m_idx, hits, coded = native.codes.scan_codes_held(
-                pids, q_ptr, q_idx, sel, counts, table, ring.rows, codes.ring_b, self._gens.array(), self._spans.array(), versions,
-                vid2ext, queries, metric, codes.lo, codes.scale, cand_d, cand_v, cand_n)
+                pids, q_ptr, q_idx, sel, counts, table, ring.rows, codes.ring_b, self._gens.array(),
+                self._spans.array(), versions, vid2ext, queries, metric, codes.lo, codes.scale, cand_d, cand_v, cand_n)
         finally:
             ring.release(token)
         if version != self._dir_version:
