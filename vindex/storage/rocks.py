@@ -594,12 +594,7 @@ class RocksStore:
             offs = offsets.tolist()
             read = [(p, span, gen, data[offs[i] * rs:offs[i + 1] * rs])
                     for i, (p, span, gen) in enumerate(zip(plan.pids, plan.spans, plan.gens))]
-            codes.keep(read)
-            if self._kept.capacity and self._kept.keep_whole:
-                # while the ring has room, keep them as float32 too: once coded, a search's
-                # misses are served by the codes and never read the float32 posting, so
-                # the ring would stay as empty as the open left it
-                self._kept.keep([(p, span, gen, True, rows) for p, span, gen, rows in read], evict=False)
+            self._keep_coded(codes, read)
         codes.build_seconds = time.perf_counter() - started
         self._maybe_retrain_codes()
 
@@ -1041,27 +1036,27 @@ class RocksStore:
                 self._db.write(batch, opts)
                 batch, size = WriteBatch(raw_mode=True), 0
             if len(loaded) >= CODES_BUILD_READ:
-                self._keep_loaded(loaded)
+                self._keep_coded(codes, loaded)
                 loaded = []
-        self._keep_loaded(loaded)
+        self._keep_coded(codes, loaded)
         if len(batch):
             self._db.write(batch, opts)
         self._db.flush()
         self._cf["postings"].flush()
         self._cf["pdir"].flush()
 
-    def _keep_loaded(self, loaded: list[tuple[int, int, int, np.ndarray]]) -> None:
-        """Code the postings a build wrote, and keep them as float32 while the ring has room:
-        a search's misses are served by the codes and never read the float32 posting, so the
-        ring would stay empty and every small search pay the codes' rerank reads (on
-        wiki-minilm-15k after a build, max_postings 48: p50 191 us against 120 with the
-        postings kept)."""
-        if not loaded:
+    def _keep_coded(self, codes: PostingCodes | None, postings: list[tuple[int, int, int, np.ndarray]]) -> None:
+        """Code whole postings ``(pid, span word, generation, record bytes)`` (a build's, or
+        those the codes build after an open read) into ``codes``, and keep them as float32
+        too while the ring has room: once coded, a search's misses are served by the codes
+        and never read the float32 posting, so the ring would stay as empty as the build or
+        the open left it, and every small search pay the codes' rerank reads."""
+        if not postings:
             return
-        if self._codes is not None:
-            self._codes.keep(loaded)
+        if codes is not None:
+            codes.keep(postings)
         if self._kept.capacity and self._kept.keep_whole:
-            self._kept.keep([(p, span, gen, True, rows) for p, span, gen, rows in loaded], evict=False)
+            self._kept.keep([(p, span, gen, True, rows) for p, span, gen, rows in postings], evict=False)
 
     def read_payload(self, keys: list[bytes]) -> list[bytes | None]:
         """Values of payload ``keys`` (None where a key has none)."""
