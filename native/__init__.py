@@ -105,12 +105,12 @@ def warmup() -> None:
         for kernels in (fast, held):
             sizes[:] = 0
             kernels.scan_resident(ids, counts, slot, table, recs_f, recs_u, gens, spans, versions, vid2ext, q, metric,
-                                  hd, hi, sizes)
+                                  hd, hi, sizes, fast.NO_CODES)
         for exact, kernels in ((False, fast), (True, fast), (False, held), (True, held)):
             sizes[:] = 0
             kernels.search_resident(q, metric, 8, 10.0, exact, heads, nbrs, np.ones(n, np.bool_), entries[None], visited,
                                  n + 40, bd, bi, bx, ids, dd, slot, table, recs_f, recs_u, gens, spans, versions,
-                                 vid2ext, hd, hi, sizes)
+                                 vid2ext, hd, hi, sizes, fast.NO_CODES)
     from . import codes
 
     lo, scale = np.full(d, -1, np.float32), np.full(d, 2 / 255, np.float32)

@@ -19,10 +19,10 @@ import numba as nb
 import numpy as np
 
 from . import heap
-from .distances import FASTMATH, to_rows
-from .fast import resident_whole
+from .distances import FASTMATH, to_picked, to_rows
+from .kept import resident_whole
 from .metrics import L2
-from .scan import nearest_first
+from .scan import RECORD_HEADER_WORDS, nearest_first
 
 _q = dict(cache=True, nogil=True, fastmath=FASTMATH)
 _io = dict(nogil=True, fastmath=FASTMATH)  # not cached: calls libc through ctypes
@@ -193,6 +193,78 @@ def scan_codes(pids, q_ptr, q_idx, sel, counts, table, codes_u, codes_b, gens, s
                         worst = hd[0]
             cand_n[qi] = size
     return miss[:n_miss].copy(), m_ptr[:n_miss + 1].copy(), m_idx[:m_ptr[n_miss]].copy(), n_hit, scanned
+
+
+@nb.njit(**_q)
+def scan_kept(queries, metric, lo, scale, err, rows, code_rows, lengths, codes_b, rows_f, rows_u, versions, vid2ext,
+              heap_d, heap_i, sizes):
+    """One query's (``queries`` is ``(1, dim)``) scan of postings kept both as float32 and
+    as codes: posting ``j`` is ``lengths[j]`` records from row ``rows[j]`` of
+    ``rows_f``/``rows_u`` (the float32 ring) and from row ``code_rows[j]`` of ``codes_b``
+    (the codes' ring), in the same order. Every record's distance is estimated from its code
+    (a quarter of the bytes to fetch); then live records are scored exactly, nearest
+    estimate first, into the heaps until ``_beyond`` says no record left can enter them.
+    The heaps end as a scan of the float32 rows would leave them, but for the last bit of
+    a distance: numba inlines and vectorizes the sum anew in each kernel, and fastmath lets
+    it sum in another order here than in ``scan.scan_records`` (a record scanned both ways,
+    as a replica in two postings, may then show either distance; one id, as everywhere).
+    Returns the records scored exactly."""
+    query = queries[0]
+    dim = query.shape[0]
+    t = np.empty(dim, dtype=np.float32)
+    base = np.float32(0.0)
+    q_sq = np.float32(0.0)
+    for d in range(dim):  # (``_prepare``'s, for one query)
+        q_sq += query[d] * query[d]
+        if metric == L2:
+            t[d] = query[d] - lo[d]
+        else:
+            t[d] = query[d] * scale[d]
+            base -= query[d] * lo[d]
+    total = 0
+    for j in range(lengths.shape[0]):
+        total += lengths[j]
+    est = np.empty(total, dtype=np.float32)
+    row = np.empty(total, dtype=np.int64)
+    n = 0
+    for j in range(lengths.shape[0]):
+        _code_rows(metric, t, base, scale, codes_b, code_rows[j], code_rows[j] + lengths[j], est[n:])
+        for e in range(lengths[j]):
+            row[n + e] = rows[j] + e
+        n += lengths[j]
+    heap.heapify_min(est, row, n)
+    q_norm = np.float32(np.sqrt(q_sq))
+    picked = np.empty(4, dtype=np.int64)
+    ids = np.empty(4, dtype=np.int64)
+    dist = np.empty(4, dtype=np.float32)
+    k = heap_d.shape[1]
+    nv = versions.shape[0]
+    hd = heap_d[0]
+    hi = heap_i[0]
+    size = sizes[0]
+    scored = 0
+    done = False
+    while not done:
+        g = 0  # four live records to a pass, as ``to_rows`` sums
+        while g < 4:
+            if n == 0 or (size == k and _beyond(metric, est[0], err, q_norm, hd[0])):
+                done = True
+                break
+            r = row[0]
+            n = heap.pop_min(est, row, n)
+            vid = rows_u[r, 0]
+            ext = vid2ext[vid] if vid < nv and versions[vid] == rows_u[r, 1] else -1
+            if ext >= 0:
+                picked[g] = r
+                ids[g] = ext
+                g += 1
+        to_picked(metric, query, rows_f, picked, g, RECORD_HEADER_WORDS, dist)
+        scored += g
+        for j in range(g):
+            if heap.accepts(hd, hi, size, dist[j], ids[j]) and not heap.contains(hi, size, ids[j]):
+                size = heap.push(hd, hi, size, dist[j], ids[j])
+    sizes[0] = size
+    return scored
 
 
 @nb.njit(**_io)

@@ -98,12 +98,19 @@ def to_rows(metric, q, rows, lo, hi, col0, out):
 def to_gathered(metric, q, rows, idx, n, out):
     """``out[j] = distance(metric, q, rows[idx[j]])`` for ``j < n``: ``to_rows``' arithmetic
     over rows picked by index (a graph search's neighbours)."""
+    to_picked(metric, q, rows, idx, n, 0, out)
+
+
+@nb.njit(inline="always", **_opts)
+def to_picked(metric, q, rows, idx, n, col0, out):
+    """``out[j] = distance(metric, q, rows[idx[j], col0:])`` for ``j < n``, four rows a pass
+    as in ``to_rows``."""
     last = n - 1
     for r in range(0, n, 4):
         j1 = min(r + 1, last)
         j2 = min(r + 2, last)
         j3 = min(r + 3, last)
-        out[r], out[j1], out[j2], out[j3] = _four(metric, q, rows, idx[r], idx[j1], idx[j2], idx[j3], 0)
+        out[r], out[j1], out[j2], out[j3] = _four(metric, q, rows, idx[r], idx[j1], idx[j2], idx[j3], col0)
 
 
 @nb.njit(**_opts)

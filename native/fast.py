@@ -18,56 +18,71 @@ import numba as nb
 import numpy as np
 
 from . import graph, scan
+from .codes import scan_kept as codes_scan_kept
 from .distances import FASTMATH
-from .kept_table import CHUNKS_MASK, GEN, ROWS, SPAN, START
+from .kept import resident_whole
+from .kept_table import ROWS, START
 
 _q = dict(cache=True, nogil=True, fastmath=FASTMATH)
 
-
-@nb.njit(**_q)
-def resident_whole(table, pid, gens, spans):
-    """True if the kept entry of ``pid`` holds the posting as it is now, all of it: the same
-    generation and first chunk, every chunk, the first included (``native.kept.usable``'s
-    ``whole``)."""
-    if pid >= table.shape[0] or pid >= spans.shape[0] or table[pid, START] < 0:
-        return False
-    gen = gens[pid] if pid < gens.shape[0] else 0  # (the directory's arrays grow on first write)
-    span = spans[pid]
-    chunks = span & CHUNKS_MASK
-    kspan = table[pid, SPAN]
-    kgen = table[pid, GEN]
-    return (chunks > 0 and kgen >> 1 == gen and kspan >> 32 == span >> 32
-            and kgen & 1 == 1 and kspan & CHUNKS_MASK == chunks)
+#: ``scan_resident``'s ``codes`` when the store has none to scan: every kept posting as float32.
+#: Kept postings are scanned as codes first from this many dimensions on, where the scan is
+#: bound by fetching the records (one query, p50 medians of six alternated runs: 155 -> 126
+#: us on wiki-minilm-15k, 384-d; 437 -> 395 us on synthetic-1m, 128-d); at 50-d the estimates
+#: and their queue cost what the bytes saved do (glove-100k: 300 -> 302 us).
+CODES_FIRST_MIN_DIM = 128
+NO_CODES = (np.full((0, 5), -1, dtype=np.int64), np.zeros((0, 0), dtype=np.uint8), np.zeros(0, dtype=np.float32),
+            np.zeros(0, dtype=np.float32), np.float32(0.0))
 
 
 @nb.njit(**_q)
 def scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext, queries, metric,
-                  heap_d, heap_i, sizes):
+                  heap_d, heap_i, sizes, codes):
     """Scan the kept postings among each query's heads ``sel[i, :counts[i]]`` into the heaps
     (as ``scan.scan_grouped``). ``table``: the kept postings' table; ``rows_f``/``rows_u``:
     their records as float32 and uint32; ``gens``/``spans``: the store directory's
-    generations and span words by pid. Returns ``(miss pids, q_ptr, q_idx, postings scanned,
-    records scanned)``, the misses grouped as ``scan.group_by_posting`` does; with no miss the
-    heaps are also sorted and padded (``scan.finish``)."""
+    generations and span words by pid. ``codes``: ``(table, codes as bytes, lo, scale,
+    error bound)`` of the store's code ring (an empty table: none); a search of one query
+    scans the kept postings that are also coded whole as codes first
+    (``codes.scan_kept``), with the same result. Returns ``(miss pids, q_ptr, q_idx,
+    postings scanned, records scanned, postings scanned as codes)``, the misses grouped as
+    ``scan.group_by_posting`` does; with no miss the heaps are also sorted and padded
+    (``scan.finish``)."""
+    ctable, codes_b, lo, scale, err = codes
     pids, q_ptr, q_idx = scan.group_by_posting(sel, counts, slot)
     n = pids.shape[0]
     hit = np.zeros(n, dtype=np.bool_)
-    n_hit = 0
+    coded = np.zeros(n, dtype=np.bool_)
+    one = sel.shape[0] == 1 and ctable.shape[0] > 0
+    n_hit = n_coded = 0
     for p in range(n):
-        if resident_whole(table, pids[p], gens, spans):
+        pid = pids[p]
+        if resident_whole(table, pid, gens, spans):
             hit[p] = True
             n_hit += 1
-    starts = np.empty(n_hit, dtype=np.int64)
-    ends = np.empty(n_hit, dtype=np.int64)
-    q_lo = np.empty(n_hit, dtype=np.int64)
-    q_hi = np.empty(n_hit, dtype=np.int64)
+            if one and resident_whole(ctable, pid, gens, spans) and ctable[pid, ROWS] == table[pid, ROWS]:
+                coded[p] = True
+                n_coded += 1
+    starts = np.empty(n_hit - n_coded, dtype=np.int64)
+    ends = np.empty(n_hit - n_coded, dtype=np.int64)
+    q_lo = np.empty(n_hit - n_coded, dtype=np.int64)
+    q_hi = np.empty(n_hit - n_coded, dtype=np.int64)
+    c_rows = np.empty(n_coded, dtype=np.int64)
+    c_codes = np.empty(n_coded, dtype=np.int64)
+    c_lens = np.empty(n_coded, dtype=np.int64)
     miss = np.empty(n - n_hit, dtype=np.int32)
     m_ptr = np.zeros(n - n_hit + 1, dtype=np.int64)
-    h = t = 0
+    h = c = t = 0
     scanned = 0
     for p in range(n):
-        if hit[p]:
-            pid = pids[p]
+        pid = pids[p]
+        if coded[p]:
+            c_rows[c] = table[pid, START]
+            c_codes[c] = ctable[pid, START]
+            c_lens[c] = table[pid, ROWS]
+            scanned += table[pid, ROWS]
+            c += 1
+        elif hit[p]:
             starts[h] = table[pid, START]
             ends[h] = table[pid, START] + table[pid, ROWS]
             q_lo[h] = q_ptr[p]
@@ -75,7 +90,7 @@ def scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, version
             scanned += (ends[h] - starts[h]) * (q_hi[h] - q_lo[h])
             h += 1
         else:
-            miss[t] = pids[p]
+            miss[t] = pid
             m_ptr[t + 1] = m_ptr[t] + q_ptr[p + 1] - q_ptr[p]
             t += 1
     m_idx = np.empty(m_ptr[t], dtype=np.int32)
@@ -87,14 +102,18 @@ def scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, version
     none = np.empty(0, dtype=np.int64)  # ids looked up as the scan goes
     scan.scan_records(rows_f, rows_u, starts, ends, none, starts, q_lo, q_hi, q_idx, queries, metric, versions,
                       vid2ext, heap_d, heap_i, sizes)
+    if n_coded:
+        codes_scan_kept(queries, metric, lo, scale, err, c_rows, c_codes, c_lens, codes_b, rows_f, rows_u, versions,
+                        vid2ext, heap_d, heap_i, sizes)
     if n_hit == n:
         scan.finish(heap_d, heap_i, sizes)
-    return miss, m_ptr, m_idx, n_hit, scanned
+    return miss, m_ptr, m_idx, n_hit, scanned, n_coded
 
 
 @nb.njit(**_q)
 def search_resident(queries, metric, m, eps, exact, heads, nbrs, alive, starts, visited, stamp0, bd, bi, bx,
-                    sel, sel_d, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext, heap_d, heap_i, sizes):
+                    sel, sel_d, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext, heap_d, heap_i, sizes,
+                    codes):
     """A small search in one call: each query's ``m`` nearest heads pruned by ``eps`` into
     ``sel``/``sel_d`` (``graph.exact_search`` over ``heads``/``alive`` if ``exact``, else
     ``graph.search_batch`` from ``starts`` with the beam scratch ``visited``..``bx``), then
@@ -104,6 +123,7 @@ def search_resident(queries, metric, m, eps, exact, heads, nbrs, alive, starts, 
     else:
         counts = graph.search_batch(queries, heads, nbrs, starts, metric, m, eps, visited, stamp0, bd, bi, bx, sel,
                                     sel_d)
-    miss, m_ptr, m_idx, n_hit, scanned = scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans,
-                                                       versions, vid2ext, queries, metric, heap_d, heap_i, sizes)
-    return counts, miss, m_ptr, m_idx, n_hit, scanned
+    miss, m_ptr, m_idx, n_hit, scanned, n_coded = scan_resident(sel, counts, slot, table, rows_f, rows_u, gens,
+                                                                spans, versions, vid2ext, queries, metric, heap_d,
+                                                                heap_i, sizes, codes)
+    return counts, miss, m_ptr, m_idx, n_hit, scanned, n_coded

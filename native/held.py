@@ -68,19 +68,19 @@ def scan_grouped(recs_f, starts, ends, ids, id_starts, q_lo, q_hi, q_idx, querie
 
 @nb.njit(**_h)
 def scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext, queries, metric,
-                  heap_d, heap_i, sizes):
+                  heap_d, heap_i, sizes, codes):
     """:func:`native.fast.scan_resident`, GIL held."""
     return fast.scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext, queries,
-                              metric, heap_d, heap_i, sizes)
+                              metric, heap_d, heap_i, sizes, codes)
 
 
 @nb.njit(**_h)
 def search_resident(queries, metric, m, eps, exact, heads, nbrs, alive, starts, visited, stamp0, bd, bi, bx, sel,
-                    sel_d, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext, heap_d, heap_i, sizes):
+                    sel_d, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext, heap_d, heap_i, sizes, codes):
     """:func:`native.fast.search_resident`, GIL held."""
     return fast.search_resident(queries, metric, m, eps, exact, heads, nbrs, alive, starts, visited, stamp0, bd,
                                 bi, bx, sel, sel_d, slot, table, rows_f, rows_u, gens, spans, versions, vid2ext,
-                                heap_d, heap_i, sizes)
+                                heap_d, heap_i, sizes, codes)
 
 
 @nb.njit(**_h)

@@ -58,3 +58,19 @@ def usable(found, gens, spans):
             rest[r] = i
             r += 1
     return use, whole, rest
+
+
+@nb.njit(cache=True, nogil=True)
+def resident_whole(table, pid, gens, spans):
+    """True if the kept entry of ``pid`` holds the posting as it is now, all of it: the same
+    generation and first chunk, every chunk, the first included (``usable``'s ``whole``).
+    ``table`` is either store ring's: the float32 postings' or the codes'."""
+    if pid >= table.shape[0] or pid >= spans.shape[0] or table[pid, START] < 0:
+        return False
+    gen = gens[pid] if pid < gens.shape[0] else 0  # (the directory's arrays grow on first write)
+    span = spans[pid]
+    chunks = span & CHUNKS_MASK
+    kspan = table[pid, SPAN]
+    kgen = table[pid, GEN]
+    return (chunks > 0 and kgen >> 1 == gen and kspan >> 32 == span >> 32
+            and kgen & 1 == 1 and kspan & CHUNKS_MASK == chunks)

@@ -196,7 +196,9 @@ class IndexConfig:
     """(runtime) Bound on the memory for int8 codes of postings (RocksDB store; built at open
     from every posting, kept through every write): a small search scans the codes of
     postings not kept as float32 and reranks its best ``rerank`` candidates exactly from
-    the vector file. -1: half of ``cache_bytes``; 0: no codes (and no vector file)."""
+    the vector file; a one-query search of 128 dimensions or more scans the kept ones as
+    codes first too, reranking from the kept rows. -1: half of ``cache_bytes``; 0: no codes
+    (and no vector file)."""
     rerank: int = -1
     """(runtime) Candidates per query a search scores exactly after scanning codes (at least
     ``k``; 0: no codes). -1: ``RERANK_FACTOR`` times ``k``."""

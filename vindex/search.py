@@ -127,7 +127,7 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, heads, choose
     generation = graph.generation
     held = nq <= SMALL_SEARCH_QUERIES  # small searches keep the GIL (``native.held``)
     fused = _search_fused(queries, graph, idmap, store, readers, metric, heads, versions, heap_d, heap_i, sizes,
-                          tenant, generation, last) if held and choose is None else None
+                          tenant, generation, last, rerank > 0) if held and choose is None else None
     if fused is RETRY:
         return None
     if fused is not None:
@@ -142,7 +142,7 @@ def _search_once(queries, k, graph, idmap, store, readers, metric, heads, choose
                     return None
                 live = idmap.versions if versions is None else versions(idmap.versions)
                 grouped = resident(head_ids, counts, scratch().slots(graph.capacity), queries, metric, live,
-                                   idmap.vid2ext, heap_d, heap_i, sizes, tenant)
+                                   idmap.vid2ext, heap_d, heap_i, sizes, tenant, rerank > 0)
     if grouped is not None and grouped[0].shape[0] and rerank:  # the misses' codes, where the store has them
         with readers.reading():
             if graph.generation != generation and not last:
@@ -184,11 +184,12 @@ RETRY = object()
 
 
 def _search_fused(queries, graph, idmap, store, readers, metric, heads, versions, heap_d, heap_i, sizes, tenant,
-                  generation, last):
-    """Head search and resident scan in one kernel call (``RocksStore.search_resident``):
-    ``(head ids, counts, grouped misses or None for every posting)``, ``RETRY``, or None
-    where the fused path does not apply (another store, no live head, BLAS head scoring,
-    nothing kept, a commit landing)."""
+                  generation, last, coded):
+    """Head search and resident scan in one kernel call (``RocksStore.search_resident``;
+    ``coded``: kept postings may be scanned as their codes first): ``(head ids, counts,
+    grouped misses or None for every posting)``, ``RETRY``, or None where the fused path
+    does not apply (another store, no live head, BLAS head scoring, nothing kept, a commit
+    landing)."""
     fused = getattr(store, "search_resident", None)
     if fused is None:
         return None
@@ -202,7 +203,7 @@ def _search_fused(queries, graph, idmap, store, readers, metric, heads, versions
     with readers.reading():
         live = idmap.versions if versions is None else versions(idmap.versions)
         out = fused(head_args, m, eps, sel, sel_d, s.slots(graph.capacity), queries, metric, live, idmap.vid2ext,
-                    heap_d, heap_i, sizes, tenant)
+                    heap_d, heap_i, sizes, tenant, coded)
         if out is not None and graph.generation != generation and not last:
             return RETRY
     if out is None:

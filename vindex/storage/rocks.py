@@ -299,6 +299,7 @@ class RocksStore:
         self._io = IOScheduler(io_scheduler, targets=targets)
         self.reads = 0
         self.resident_reads = 0  # postings small searches scanned where they are kept (``scan_resident``)
+        self.resident_code_scans = 0  # of those, scanned as their codes first (``codes.scan_kept``)
         self.read_bytes = 0
         self._codes: PostingCodes | None = None
         # the codes of a store opened are built by a thread the first search starts
@@ -429,7 +430,7 @@ class RocksStore:
 
     def scan_resident(self, sel: np.ndarray, counts: np.ndarray, slot: np.ndarray, queries: np.ndarray,
                       metric: int, versions: np.ndarray, vid2ext: np.ndarray, heap_d: np.ndarray,
-                      heap_i: np.ndarray, sizes: np.ndarray, tenant: str = "default"
+                      heap_i: np.ndarray, sizes: np.ndarray, tenant: str = "default", coded: bool = False
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int] | None:
         """The fast path of a small search (``native.fast.scan_resident``): scan the chosen
         postings (``sel``/``counts``, heads per query) that are kept in memory, whole and
@@ -437,30 +438,54 @@ class RocksStore:
         postings scanned, records scanned)``, the postings left to ``read``. None, with the
         heaps emptied, when a commit changed the directory meanwhile: the caller reads them
         all. The postings scanned count against ``tenant``'s quota as a read's do. With
-        nothing kept, every posting is a miss (for the codes, then the store)."""
+        nothing kept, every posting is a miss (for the codes, then the store). ``coded``: a
+        search of one query scans the kept postings that are also coded as codes first, with
+        an exact rerank from the kept rows (the same result, a quarter of the bytes read)."""
         if not self._kept.capacity:
             return (*native.held.group_by_posting(sel, counts, slot), 0, 0)
-        out = self._on_kept(lambda table, kept, gens, spans: native.held.scan_resident(
+        out = self._on_kept_coded(lambda table, kept, gens, spans, codes: native.held.scan_resident(
             sel, counts, slot, table, kept.rows_f, kept.rows, gens, spans, versions, vid2ext, queries, metric,
-            heap_d, heap_i, sizes), sizes, tenant, 3)
-        return out[0] if out is not None and out[1] else None
+            heap_d, heap_i, sizes, codes), sizes, tenant, 3, coded and queries.shape[0] == 1)
+        return out[0][:5] if out is not None and out[1] else None
 
     def search_resident(self, head_args: tuple, m: int, eps: float, sel: np.ndarray, sel_d: np.ndarray,
                         slot: np.ndarray, queries: np.ndarray, metric: int, versions: np.ndarray,
                         vid2ext: np.ndarray, heap_d: np.ndarray, heap_i: np.ndarray, sizes: np.ndarray,
-                        tenant: str = "default") -> tuple | None:
+                        tenant: str = "default", coded: bool = False) -> tuple | None:
         """A small search's head choice and resident scan in one kernel call that keeps the
         GIL (``native.held.search_resident``; ``head_args`` from ``HeadGraph.fused_args``):
         ``(head counts, (miss pids, q_ptr, q_idx, postings scanned, records scanned) or
         None)``, the heads in ``sel``; the second None, with the heaps emptied, when a commit
         changed the directory during the call: the caller reads every chosen posting. None
-        (nothing done) when nothing is kept or a commit is landing."""
-        out = self._on_kept(lambda table, kept, gens, spans: native.held.search_resident(
+        (nothing done) when nothing is kept or a commit is landing. ``coded``: as
+        ``scan_resident``'s."""
+        out = self._on_kept_coded(lambda table, kept, gens, spans, codes: native.held.search_resident(
             queries, metric, m, eps, *head_args, sel, sel_d, slot, table, kept.rows_f, kept.rows, gens, spans,
-            versions, vid2ext, heap_d, heap_i, sizes), sizes, tenant, 4)
+            versions, vid2ext, heap_d, heap_i, sizes, codes), sizes, tenant, 4, coded and queries.shape[0] == 1)
         if out is None:
             return None
-        return out[0][0], (out[0][1:] if out[1] else None)
+        return out[0][0], (out[0][1:6] if out[1] else None)
+
+    def _on_kept_coded(self, kernel, sizes: np.ndarray, tenant: str, hits_at: int, coded: bool):
+        """``_on_kept`` of ``kernel(table, kept, gens, spans, codes)``, ``codes`` the code
+        ring's arrays pinned for the call when ``coded``, the codes are built and records
+        are wide enough to gain (``native.fast.CODES_FIRST_MIN_DIM``), else
+        ``native.fast.NO_CODES``; the kernel's last result is the kept postings it scanned
+        as codes (``resident_code_scans``)."""
+        codes = self._codes
+        if not coded or codes is None or not codes.ready or codes.dim < native.fast.CODES_FIRST_MIN_DIM:
+            out = self._on_kept(lambda *a: kernel(*a, native.fast.NO_CODES), sizes, tenant, hits_at)
+        else:
+            ring = codes.ring
+            table, token = ring.pin_all()
+            try:
+                arrays = (table, codes.ring_b, codes.lo, codes.scale, codes.error_bound)
+                out = self._on_kept(lambda *a: kernel(*a, arrays), sizes, tenant, hits_at)
+            finally:
+                ring.release(token)
+        if out is not None and out[1]:
+            self.resident_code_scans += out[0][-1]
+        return out
 
     def _on_kept(self, kernel, sizes: np.ndarray, tenant: str, hits_at: int):
         """``(kernel(table, kept, gens, spans), current)`` on the pinned table of kept postings,
@@ -1117,6 +1142,7 @@ class RocksStore:
             "block_cache_usage": self._cache.get_usage(),
             "kept_bytes": self._kept.live_bytes,
             "resident_reads": self.resident_reads,
+            "resident_code_scans": self.resident_code_scans,
             "kept_allocated_bytes": self._kept.allocated_bytes,
             **(self._codes.stats() if self._codes is not None else {"codes_bytes": 0}),
             "sst_bytes": sst_bytes,
