@@ -95,6 +95,85 @@ def to_rows(metric, q, rows, lo, hi, col0, out):
 
 
 @nb.njit(inline="always", **_opts)
+def _four_by_four(metric, queries, a0, a1, a2, a3, rows, r0, r1, r2, r3, col0):
+    """``distance(metric, queries[a], rows[r, col0:])`` for queries ``a0..a3`` by rows
+    ``r0..r3`` in one pass: each element loaded serves four sums, not one (a batch's
+    posting scan, where every query of a posting meets every record, is bound by the loads)."""
+    d = queries.shape[1]
+    s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = np.float32(0.0)
+    s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = np.float32(0.0)
+    if metric == L2:
+        for j in range(d):
+            x0 = queries[a0, j]
+            x1 = queries[a1, j]
+            x2 = queries[a2, j]
+            x3 = queries[a3, j]
+            y0 = rows[r0, col0 + j]
+            y1 = rows[r1, col0 + j]
+            y2 = rows[r2, col0 + j]
+            y3 = rows[r3, col0 + j]
+            s00 += (x0 - y0) * (x0 - y0)
+            s01 += (x0 - y1) * (x0 - y1)
+            s02 += (x0 - y2) * (x0 - y2)
+            s03 += (x0 - y3) * (x0 - y3)
+            s10 += (x1 - y0) * (x1 - y0)
+            s11 += (x1 - y1) * (x1 - y1)
+            s12 += (x1 - y2) * (x1 - y2)
+            s13 += (x1 - y3) * (x1 - y3)
+            s20 += (x2 - y0) * (x2 - y0)
+            s21 += (x2 - y1) * (x2 - y1)
+            s22 += (x2 - y2) * (x2 - y2)
+            s23 += (x2 - y3) * (x2 - y3)
+            s30 += (x3 - y0) * (x3 - y0)
+            s31 += (x3 - y1) * (x3 - y1)
+            s32 += (x3 - y2) * (x3 - y2)
+            s33 += (x3 - y3) * (x3 - y3)
+        return (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33)
+    for j in range(d):
+        x0 = queries[a0, j]
+        x1 = queries[a1, j]
+        x2 = queries[a2, j]
+        x3 = queries[a3, j]
+        y0 = rows[r0, col0 + j]
+        y1 = rows[r1, col0 + j]
+        y2 = rows[r2, col0 + j]
+        y3 = rows[r3, col0 + j]
+        s00 -= x0 * y0
+        s01 -= x0 * y1
+        s02 -= x0 * y2
+        s03 -= x0 * y3
+        s10 -= x1 * y0
+        s11 -= x1 * y1
+        s12 -= x1 * y2
+        s13 -= x1 * y3
+        s20 -= x2 * y0
+        s21 -= x2 * y1
+        s22 -= x2 * y2
+        s23 -= x2 * y3
+        s30 -= x3 * y0
+        s31 -= x3 * y1
+        s32 -= x3 * y2
+        s33 -= x3 * y3
+    return (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33)
+
+
+@nb.njit(inline="always", **_opts)
+def to_block(metric, queries, a0, a1, a2, a3, rows, lo, hi, col0, out):
+    """``out[g, r - lo] = distance(metric, queries[a_g], rows[r, col0:])`` for the four
+    queries ``a0..a3`` and ``r`` in ``lo:hi``: ``to_rows`` for four queries at once."""
+    last = hi - 1
+    for r in range(lo, hi, 4):
+        r1 = min(r + 1, last)
+        r2 = min(r + 2, last)
+        r3 = min(r + 3, last)
+        (out[0, r - lo], out[0, r1 - lo], out[0, r2 - lo], out[0, r3 - lo],
+         out[1, r - lo], out[1, r1 - lo], out[1, r2 - lo], out[1, r3 - lo],
+         out[2, r - lo], out[2, r1 - lo], out[2, r2 - lo], out[2, r3 - lo],
+         out[3, r - lo], out[3, r1 - lo], out[3, r2 - lo], out[3, r3 - lo]) = _four_by_four(
+            metric, queries, a0, a1, a2, a3, rows, r, r1, r2, r3, col0)
+
+
+@nb.njit(inline="always", **_opts)
 def to_gathered(metric, q, rows, idx, n, out):
     """``out[j] = distance(metric, q, rows[idx[j]])`` for ``j < n``: ``to_rows``' arithmetic
     over rows picked by index (a graph search's neighbours)."""

@@ -16,7 +16,7 @@ import numba as nb
 import numpy as np
 
 from . import heap
-from .distances import FASTMATH, to_rows
+from .distances import FASTMATH, to_block, to_rows
 from .prefetch import prefetch_row
 
 _q = dict(cache=True, nogil=True, fastmath=FASTMATH)
@@ -136,7 +136,7 @@ def scan_records(recs_f, recs_u, starts, ends, ids, id_starts, q_lo, q_hi, q_idx
     longest = 0
     for p in range(starts.shape[0]):
         longest = max(longest, ends[p] - starts[p])
-    dist = np.empty(longest, dtype=np.float32)
+    dist = np.empty((4, longest), dtype=np.float32)
     nv = versions.shape[0]
     # records of 1 KiB and more (256-d): each spans 16+ cache lines and a posting several
     # pages, where the hardware prefetcher stops (at 50-d it kept up: no gain measured)
@@ -148,30 +148,40 @@ def scan_records(recs_f, recs_u, starts, ends, ids, id_starts, q_lo, q_hi, q_idx
         if wide and p + 1 < starts.shape[0]:  # the next posting's rows load while this one is scanned
             for e in range(starts[p + 1], ends[p + 1]):
                 prefetch_row(recs_f, e)
-        for t in range(q_lo[p], q_hi[p]):
-            qi = q_idx[t]
-            hd = heap_d[qi]
-            hi = heap_i[qi]
-            size = sizes[qi]
-            # every record's distance first (dead ones too: no branch in the arithmetic)
-            to_rows(metric, queries[qi], recs_f, e0, e1, RECORD_HEADER_WORDS, dist)
-            worst = hd[0] if size == hd.shape[0] else np.float32(np.inf)
-            for e in range(e0, e1):
-                s = dist[e - e0]
-                if s > worst:
-                    continue
-                if lazy:
-                    vid = recs_u[e, 0]
-                    ext = vid2ext[vid] if vid < nv and versions[vid] == recs_u[e, 1] else -1
-                else:
-                    ext = ids[e + shift]
-                if ext < 0:
-                    continue
-                if heap.accepts(hd, hi, size, s, ext) and not heap.contains(hi, size, ext):
-                    size = heap.push(hd, hi, size, s, ext)
-                    if size == hd.shape[0]:
-                        worst = hd[0]
-            sizes[qi] = size
+        t = q_lo[p]
+        while t < q_hi[p]:
+            # every record's distance first (dead ones too: no branch in the arithmetic), for
+            # four queries at a time while four want the posting
+            if q_hi[p] - t >= 4:
+                to_block(metric, queries, q_idx[t], q_idx[t + 1], q_idx[t + 2], q_idx[t + 3], recs_f, e0, e1,
+                         RECORD_HEADER_WORDS, dist)
+                group = 4
+            else:
+                to_rows(metric, queries[q_idx[t]], recs_f, e0, e1, RECORD_HEADER_WORDS, dist[0])
+                group = 1
+            for g in range(group):
+                qi = q_idx[t + g]
+                hd = heap_d[qi]
+                hi = heap_i[qi]
+                size = sizes[qi]
+                worst = hd[0] if size == hd.shape[0] else np.float32(np.inf)
+                for e in range(e0, e1):
+                    s = dist[g, e - e0]
+                    if s > worst:
+                        continue
+                    if lazy:
+                        vid = recs_u[e, 0]
+                        ext = vid2ext[vid] if vid < nv and versions[vid] == recs_u[e, 1] else -1
+                    else:
+                        ext = ids[e + shift]
+                    if ext < 0:
+                        continue
+                    if heap.accepts(hd, hi, size, s, ext) and not heap.contains(hi, size, ext):
+                        size = heap.push(hd, hi, size, s, ext)
+                        if size == hd.shape[0]:
+                            worst = hd[0]
+                sizes[qi] = size
+            t += group
 
 
 @nb.njit(**_q)

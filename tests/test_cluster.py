@@ -51,12 +51,16 @@ def test_routing_is_stable_and_spreads():
 
 
 def test_search_is_congruent_with_one_index(pair):
+    """Every posting read, the shards find what one index does: the same ids, the same
+    distances but for the last bits (a batch scans a posting for four of its queries at a
+    time and for the rest one by one, summing in another order, and which queries share a
+    posting differs by shard)."""
     sharded, one, x, ids = pair
     q = x[::97] + 0.01
     a = sharded.search(q, k=10, max_postings=ALL)
     b = one.search(q, k=10, max_postings=ALL)
     np.testing.assert_array_equal(a.ids, b.ids)
-    np.testing.assert_array_equal(a.distances, b.distances)
+    np.testing.assert_allclose(a.distances, b.distances, rtol=4 * float(np.finfo(np.float32).eps), atol=0)
     assert a.stats["records_scanned"] >= x.shape[0] * q.shape[0]
 
 

@@ -428,6 +428,40 @@ def test_scan_filters_versions_and_dedupes_replicas():
         assert hd[qi].tolist() == [dd for dd, _ in expect]
 
 
+@pytest.mark.parametrize("metric", [distances.L2, distances.IP])
+def test_a_posting_wanted_by_many_queries_is_scanned_four_queries_at_a_time(metric):
+    """``scan_records`` scores a posting for four of its queries in one pass
+    (``distances.to_block``) and for the rest one by one: each query's heap is its exact
+    top-k either way (integer data: the same distances to the bit; float data: but for the
+    last bits, summed in another order)."""
+    rng = np.random.default_rng(5)
+    for data in ("integer", "float"):
+        dim, n, nq, k = 37, 90, 11, 6  # 11 queries: two blocks of four and three alone
+        vecs = (rng.integers(-4, 5, (n, dim)) if data == "integer" else rng.standard_normal((n, dim))).astype(np.float32)
+        queries = (rng.integers(-4, 5, (nq, dim)) if data == "integer"
+                   else rng.standard_normal((nq, dim))).astype(np.float32)
+        recs = np.zeros((n, dim + 2), np.float32)
+        recs.view(np.uint32)[:, 0] = np.arange(n)
+        recs[:, 2:] = vecs
+        offsets = np.array([0, 29, 61, 90], np.int64)  # three postings, each wanted by every query
+        q_ptr = np.arange(0, 3 * nq + 1, nq, dtype=np.int64)
+        q_idx = np.tile(rng.permutation(nq).astype(np.int32), 3)
+        ids = np.arange(n, dtype=np.int64) + 100
+        hd, hi, sizes = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64), np.zeros(nq, np.int32)
+        scan.scan_grouped(recs, offsets[:-1], offsets[1:], ids, offsets[:-1], q_ptr[:-1], q_ptr[1:], q_idx, queries,
+                          metric, hd, hi, sizes)
+        scan.finish(hd, hi, sizes)
+        q64, v64 = queries.astype(np.float64), vecs.astype(np.float64)
+        exact = ((q64[:, None] - v64[None]) ** 2).sum(-1) if metric == distances.L2 else -(q64 @ v64.T)
+        for qi in range(nq):
+            order = np.lexsort((ids, exact[qi]))[:k]
+            assert hi[qi].tolist() == ids[order].tolist()
+            if data == "integer":
+                assert hd[qi].tolist() == exact[qi, order].tolist()
+            else:
+                np.testing.assert_allclose(hd[qi], exact[qi, order], rtol=1e-5, atol=1e-5)
+
+
 def test_idhash_lookup_insert_rebuild():
     rng = np.random.default_rng(8)
     exts = rng.choice(10**12, 3000, replace=False).astype(np.int64)
