@@ -210,17 +210,11 @@ def scan_kept(queries, metric, lo, scale, err, rows, code_rows, lengths, codes_b
     as a replica in two postings, may then show either distance; one id, as everywhere).
     Returns the records scored exactly."""
     query = queries[0]
-    dim = query.shape[0]
-    t = np.empty(dim, dtype=np.float32)
-    base = np.float32(0.0)
+    prepared, bases = _prepare(queries, metric, lo, scale)
+    t, base = prepared[0], bases[0]
     q_sq = np.float32(0.0)
-    for d in range(dim):  # (``_prepare``'s, for one query)
+    for d in range(query.shape[0]):
         q_sq += query[d] * query[d]
-        if metric == L2:
-            t[d] = query[d] - lo[d]
-        else:
-            t[d] = query[d] * scale[d]
-            base -= query[d] * lo[d]
     total = 0
     for j in range(lengths.shape[0]):
         total += lengths[j]

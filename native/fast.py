@@ -25,12 +25,12 @@ from .kept_table import ROWS, START
 
 _q = dict(cache=True, nogil=True, fastmath=FASTMATH)
 
-#: ``scan_resident``'s ``codes`` when the store has none to scan: every kept posting as float32.
 #: Kept postings are scanned as codes first from this many dimensions on, where the scan is
 #: bound by fetching the records (one query, p50 medians of six alternated runs: 155 -> 126
 #: us on wiki-minilm-15k, 384-d; 437 -> 395 us on synthetic-1m, 128-d); at 50-d the estimates
 #: and their queue cost what the bytes saved do (glove-100k: 300 -> 302 us).
 CODES_FIRST_MIN_DIM = 128
+#: ``scan_resident``'s ``codes`` when the store has none to scan: every kept posting as float32.
 NO_CODES = (np.full((0, 5), -1, dtype=np.int64), np.zeros((0, 0), dtype=np.uint8), np.zeros(0, dtype=np.float32),
             np.zeros(0, dtype=np.float32), np.float32(0.0))
 
@@ -44,7 +44,7 @@ def scan_resident(sel, counts, slot, table, rows_f, rows_u, gens, spans, version
     generations and span words by pid. ``codes``: ``(table, codes as bytes, lo, scale,
     error bound)`` of the store's code ring (an empty table: none); a search of one query
     scans the kept postings that are also coded whole as codes first
-    (``codes.scan_kept``), with the same result. Returns ``(miss pids, q_ptr, q_idx,
+    (``codes.scan_kept``): the same ids, distances to the last bit. Returns ``(miss pids, q_ptr, q_idx,
     postings scanned, records scanned, postings scanned as codes)``, the misses grouped as
     ``scan.group_by_posting`` does; with no miss the heaps are also sorted and padded
     (``scan.finish``)."""

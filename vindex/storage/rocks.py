@@ -440,7 +440,8 @@ class RocksStore:
         all. The postings scanned count against ``tenant``'s quota as a read's do. With
         nothing kept, every posting is a miss (for the codes, then the store). ``coded``: a
         search of one query scans the kept postings that are also coded as codes first, with
-        an exact rerank from the kept rows (the same result, a quarter of the bytes read)."""
+        an exact rerank from the kept rows (the same ids, distances to the last bit, a quarter of
+        the bytes read)."""
         if not self._kept.capacity:
             return (*native.held.group_by_posting(sel, counts, slot), 0, 0)
         out = self._on_kept_coded(lambda table, kept, gens, spans, codes: native.held.scan_resident(
