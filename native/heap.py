@@ -170,8 +170,8 @@ def smallest_sampled(row, alive, hd, hi, cand):
     the sample's ``2 * r``-th smallest, is gathered again: one more pass over the row instead
     of the heap over all of it. The same result as ``smallest``: with at least ``m`` entries
     at or below the bound, the ``m`` smallest are among them; with fewer, or more than
-    ``cand`` holds, it is ``smallest``. On 1,452 heads, m = 48: 4.8 us a row against 9.2 for
-    the heap over all."""
+    ``cand`` holds, it is ``smallest``. ``select_dot_rows`` on 1,452 heads, m = 48: 5.7 us a
+    row against 8.3 with one bound, and 9.2 with the heap over every head."""
     m = hd.shape[0]
     n = row.shape[0]
     r = m // SAMPLE_STEP + 2
@@ -193,7 +193,7 @@ def smallest_sampled(row, alive, hd, hi, cand):
         c = _below(row, alive, small[r2 - 1], cand)
     if c < m or c > cand.shape[0]:
         return smallest(row, alive, hd, hi)
-    if c > 2 * m:  # a sort of all of them would cost more than the heap
+    if c > 2 * m:  # the insertion sort below grows with c squared: the heap instead
         size = 0
         worst = np.float32(np.inf)
         for t in range(c):
