@@ -136,7 +136,7 @@ def _measure(args, index, method, queries: np.ndarray, gt: np.ndarray, n_q: int)
         print(f"  target {t}: recall {recall:.4f} (in band: {row['in_band']}), {records:.0f} records/query, "
               f"batch {row['qps']:.0f} q/s ({row.get('qps_x')}x the fixed max_postings at that recall), "
               f"one by one {row['qps1']:.0f} q/s ({row.get('qps1_x')}x)", file=sys.stderr, flush=True)
-    cal = {f"k={key[0]}": c.summary() for key, c in index._calibrations._by_k.items()}
+    cal = {f"k={key[0]}": summary for key, summary in index._calibrations.summaries().items()}
     method.close()
     path = os.path.join(args.out, "aps.json")
     results = {}

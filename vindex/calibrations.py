@@ -48,6 +48,11 @@ class Calibrations:
     def peek(self, key: tuple) -> Calibration | None:
         return self._by_key.get(key)
 
+    def summaries(self) -> dict[tuple, dict]:
+        """Each stored calibration's ``summary()``, by key."""
+        with self._lock:
+            return {key: cal.summary() for key, cal in self._by_key.items()}
+
     def make(self, key: tuple, stale: Calibration | None, make: Make) -> Calibration:
         """``make()`` stored under ``key``, unless another thread replaced ``stale`` meanwhile."""
         with self._lock:
