@@ -67,10 +67,12 @@ def limit_threads(n: int = 1) -> None:
         pass
 
 
-def timed(fn: Callable[[], object], repeats: int = 3) -> float:
-    """Median wall-clock seconds of ``repeats`` calls of ``fn()``."""
-    times = []
-    for _ in range(max(1, repeats)):
+def timed(fn: Callable[[], object], repeats: int = 3, min_seconds: float = 0.0, max_calls: int = 50) -> float:
+    """Median wall-clock seconds of calls of ``fn()``: at least ``repeats`` of them, more
+    until they add up to ``min_seconds`` (at most ``max_calls``), so that short calls are
+    timed often enough for a descheduled one to fall out of the median."""
+    times: list[float] = []
+    while len(times) < max(1, repeats) or (sum(times) < min_seconds and len(times) < max_calls):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -78,15 +80,37 @@ def timed(fn: Callable[[], object], repeats: int = 3) -> float:
 
 
 def batch_qps(
-    search_fn: Callable[[np.ndarray], object], queries: np.ndarray, repeats: int = 3, warmup: int = 0
+    search_fn: Callable[[np.ndarray], object], queries: np.ndarray, repeats: int = 3, warmup: int = 0,
+    min_seconds: float = 0.0,
 ) -> float:
-    """Median over ``repeats`` of ``nq / elapsed`` for one ``search_fn(queries)`` call.
+    """Median over the timed calls (see ``timed``) of ``nq / elapsed`` for one
+    ``search_fn(queries)`` call.
 
     ``warmup`` untimed calls first (e.g. to trigger JIT compilation or fill caches).
     """
     for _ in range(warmup):
         search_fn(queries)
-    return len(queries) / timed(lambda: search_fn(queries), repeats)
+    return len(queries) / timed(lambda: search_fn(queries), repeats, min_seconds)
+
+
+def paired_qps(
+    search_a: Callable[[np.ndarray], object], search_b: Callable[[np.ndarray], object], queries: np.ndarray,
+    repeats: int = 3, min_seconds: float = 0.0, max_pairs: int = 50,
+) -> tuple[float, float, float]:
+    """``(QPS of a, QPS of b, b's speed over a's)`` for one call over all ``queries`` each,
+    the two taking turns (which goes first alternates), so a change in the machine's load
+    hits both: medians over at least ``repeats`` pairs, more until ``a``'s calls add up to
+    ``min_seconds`` (at most ``max_pairs``); the ratio is the median of the pairs' ratios."""
+    ta: list[float] = []
+    tb: list[float] = []
+    while len(ta) < max(1, repeats) or (sum(ta) < min_seconds and len(ta) < max_pairs):
+        for fn, out in ((search_a, ta), (search_b, tb))[:: 1 if len(ta) % 2 == 0 else -1]:
+            t0 = time.perf_counter()
+            fn(queries)
+            out.append(time.perf_counter() - t0)
+    nq = len(queries)
+    ratio = statistics.median(a / b for a, b in zip(ta, tb))
+    return nq / statistics.median(ta), nq / statistics.median(tb), ratio
 
 
 def latencies(

@@ -7,7 +7,9 @@ Searches run on one thread; builds on ``--build-threads`` (all cores by default)
 method alike. vindex reads postings through its RocksDB store with a block cache large enough
 to hold them, warmed before timing; vindex has no decoded-posting cache. For each setting of
 each method's sweep it reports recall@10, batch QPS (one call over all queries, median of
-``--repeats``), batch-size-1 latency p50/p99, and per method the build time and the RSS of a
+at least ``--repeats`` calls and of as many as ``--min-seconds`` takes; vindex's one-thread and
+``threads=2`` calls taking turns, their ratio the median of each pair's), batch-size-1 latency
+p50/p99, and per method the build time and the RSS of a
 fresh process that only opens the saved index. Writes ``<out>/<dataset>.json`` and ``.png``.
 """
 from __future__ import annotations
@@ -68,14 +70,18 @@ def run_method(method, ds: datasets.Dataset, queries: np.ndarray, gt: np.ndarray
         method.set_params(params)
         ids = method.search(queries, args.k)  # also warms this setting
         recall = datasets.recall_at_k(ids, gt, args.k)
-        qps = measure.batch_qps(lambda q: method.search(q, args.k), queries, repeats=args.repeats)
+        one_thread = lambda q: method.search(q, args.k)  # noqa: E731
+        if isinstance(method, Vindex):  # the same batch on two cores (``search(threads=2)``), in turns
+            qps, qps2, x2 = measure.paired_qps(one_thread, lambda q: method.search(q, args.k, threads=2), queries,
+                                               repeats=args.repeats, min_seconds=args.min_seconds)
+        else:
+            qps = measure.batch_qps(one_thread, queries, repeats=args.repeats, min_seconds=args.min_seconds)
         lat = measure.latencies(lambda q: method.search(q, args.k), queries, n=args.latency_queries)
         pct = measure.percentiles(lat)
         row = {"method": name, "params": ",".join(f"{k}={v}" for k, v in params.items()),
                "recall": recall, "qps": qps, "qps1": 1.0 / float(np.mean(lat)), **pct}
-        if isinstance(method, Vindex):  # the same batch on two cores (``search(threads=2)``)
-            row["qps_threads2"] = measure.batch_qps(lambda q: method.search(q, args.k, threads=2), queries,
-                                                    repeats=args.repeats)
+        if isinstance(method, Vindex):
+            row["qps_threads2"], row["threads2_x"] = qps2, x2
         rows.append(row)
         print(report.table([row], COLUMNS).splitlines()[-1], file=sys.stderr, flush=True)
         if recall >= args.max_recall:
@@ -101,7 +107,7 @@ def summarize(results: dict) -> list[dict]:
             row[f"qps@{t}"] = q
             row[f"p50@{t}"] = _p50_at(res["rows"], t)
             first = next((r for r in res["rows"] if r["recall"] >= t and "qps_threads2" in r), None)
-            row[f"threads2_x@{t}"] = first["qps_threads2"] / first["qps"] if first else None
+            row[f"threads2_x@{t}"] = first.get("threads2_x", first["qps_threads2"] / first["qps"]) if first else None
             if ivf is not None and q is not None:
                 base = report.at_recall(ivf["rows"], t)
                 row[f"vs_ivf@{t}"] = q / base if base else None
@@ -122,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=0, help="use only the first N queries")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--build-threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--repeats", type=int, default=3, help="batch timings per setting (median)")
+    ap.add_argument("--repeats", type=int, default=3, help="batch timings per setting, at least (median)")
+    ap.add_argument("--min-seconds", type=float, default=0.5,
+                    help="time each setting's batch again until its calls add up to this (at most 50 calls)")
     ap.add_argument("--latency-queries", type=int, default=1000, help="queries timed one by one")
     ap.add_argument("--max-recall", type=float, default=0.995, help="stop a sweep once reached")
     ap.add_argument("--config", default="", help="vindex config as key=value,key=value")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import time
+
 import numpy as np
 import pytest
 
@@ -253,6 +255,14 @@ def test_measure_helpers():
     p = measure.percentiles(lat)
     assert set(p) == {"p50", "p99", "p999"} and p["p50"] <= p["p999"]
     assert measure.batch_qps(lambda x: x.sum(), q) > 0
+    calls = []
+    measure.timed(lambda: calls.append(time.sleep(0.002)), repeats=3, min_seconds=0.03)
+    assert 10 <= len(calls) <= 16  # timed again until 30 ms of 2 ms calls, not just 3 of them
+    order = []
+    qa, qb, x = measure.paired_qps(lambda _: (order.append("a"), time.sleep(0.004)),
+                                   lambda _: (order.append("b"), time.sleep(0.002)), q, repeats=4)
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]  # in turns, the first alternating
+    assert qb > qa and 1.4 < x < 2.5  # b takes half a's time: about twice its speed
     assert measure.current_rss() > 0
     small = measure.rss_of_subprocess("x = 1")
     big = measure.rss_of_subprocess("import numpy as np\na = np.ones(64 * 2**20 // 8)")
