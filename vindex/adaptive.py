@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -34,7 +35,7 @@ def search(index: "Index", queries: np.ndarray, k: int, target: float, *, max_po
     held = nq <= SMALL_SEARCH_QUERIES
     cfg = index.config
     if not cal.adaptive:  # the estimate does not pay here: the fixed count that meets the target
-        m = min(max_postings, int(np.ceil(cal.threshold(target))))
+        m = min(max_postings, math.ceil(cal.threshold(target)))
         ef = max(ef or cfg.ef_for(m), m)
         fixed = None if choose is None else lambda q, held_: choose(q, held_, m)
         ids, dists, work = search_threads(queries, k, threads=threads, pool=index._search_pool, graph=graph,

@@ -22,7 +22,7 @@ mean recall reaches it.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -48,6 +48,8 @@ RECALIBRATE_AFTER = 1024
 TABLE_SIZE = 1025
 #: Thresholds replayed by a calibration: 1 - 10^-x.
 THRESHOLDS = 1.0 - 10.0 ** -np.linspace(0.15, 4.0, 48)
+#: Targets whose thresholds a calibration remembers (``Calibration.threshold``).
+MEMO_TARGETS = 64
 #: Recall targets the effective dimension is chosen for.
 FIT_TARGETS = (0.9, 0.95)
 
@@ -88,6 +90,9 @@ class Calibration:
     served: bool = False     # made from served queries (else from stored vectors)
     seen: int = 0            # queries the index had served when it was made (in this process)
     live: int = 0            # live records the index held when it was made
+    # ``threshold``'s answers by target: a search reads it first thing, with its caches cold
+    # from the previous search's scan, where ``searchsorted`` took ~20 us and a lookup ~1
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def to_json(self) -> dict:
         """The fields that are kept across opens (``from_json``; ``seen`` starts again at 0)."""
@@ -111,6 +116,14 @@ class Calibration:
     def threshold(self, target: float) -> float:
         """The threshold whose replayed recall reaches ``target``, linear between the two
         around it (the largest if none does: the target is past what the candidates give)."""
+        found = self._memo.get(target)
+        if found is None:
+            if len(self._memo) >= MEMO_TARGETS:
+                self._memo.clear()
+            found = self._memo[target] = self._threshold(target)
+        return found
+
+    def _threshold(self, target: float) -> float:
         at = int(np.searchsorted(self.recalls, target))
         if at >= self.recalls.shape[0]:
             return float(self.thresholds[-1])
