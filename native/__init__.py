@@ -68,6 +68,10 @@ def warmup() -> None:
         sq = np.einsum("ij,ij->i", heads, heads)
         heap.select_dot_rows(q @ heads.T, sq[:2], sq, np.ones(n, np.bool_), metric == distances.L2, 8, 10.0,
                              ids, dd)
+        top_d, top_i, top_n = np.empty((2, 4), np.float32), np.empty((2, 4), np.int64), np.zeros(2, np.int32)
+        heap.offer_dot_rows(q @ heads.T, sq, np.arange(n, dtype=np.int64), metric == distances.IP, top_d, top_i,
+                            top_n)
+        scan.finish(top_d, top_i, top_n)
     reps = np.empty((2, 4), np.int32)
     reps_d = np.empty((2, 4), np.float32)
     replicas.select(ids, dd, heads, 0.5, 1.0, reps, reps_d)

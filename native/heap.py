@@ -266,3 +266,38 @@ def select_dot_rows(dots, q_sq, h_sq, alive, l2, m, eps, out_ids, out_d):
         size = smallest_sampled(row, alive, hd, hi, cand)
         counts[i] = emit_pruned(hd, hi, size, eps, out_ids[i], out_d[i])
     return counts
+
+
+@nb.njit(cache=True, nogil=True, fastmath=FASTMATH)
+def offer_dot_rows(dots, v_sq, ids, inner, heap_d, heap_i, sizes):
+    """Offer every column of ``dots (nq, n)`` (queries' dot products with ``n`` vectors) to
+    each query's heap ``heap_d/heap_i (nq, k)`` of ``sizes`` entries, as ``(distance,
+    ids[j])``: ``-q.v`` if ``inner``, else ``|v|^2 - 2 q.v`` (squared L2 less the query's
+    own ``|q|^2``, which does not change its order). The heaps carry over between calls;
+    ``native.scan.finish`` sorts them. An exact top-k over a store read in groups, with no
+    ``(nq, n)`` distance array."""
+    nq, n = dots.shape
+    k = heap_d.shape[1]
+    for i in range(nq):
+        hd = heap_d[i]
+        hi = heap_i[i]
+        row = dots[i]
+        size = sizes[i]
+        worst = hd[0] if size == k else np.float32(np.inf)
+        # the metric's branch outside the loop, and the reject test inline: through
+        # ``_offer`` the loop ran 15x slower (13 ns an entry against 0.9)
+        if inner:
+            for j in range(n):
+                v = -row[j]
+                if v <= worst:
+                    size = push(hd, hi, size, v, ids[j])
+                    if size == k:
+                        worst = hd[0]
+        else:
+            for j in range(n):
+                v = v_sq[j] - np.float32(2.0) * row[j]
+                if v <= worst:
+                    size = push(hd, hi, size, v, ids[j])
+                    if size == k:
+                        worst = hd[0]
+        sizes[i] = size

@@ -795,3 +795,26 @@ def test_warmup_loads_every_kernel_the_library_calls():
     res = subprocess.run([sys.executable, "-c", _WARM_SCRIPT], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout.strip().splitlines()[-1]) == {}
+
+
+@pytest.mark.parametrize("inner", [False, True])
+def test_offer_dot_rows_keeps_each_querys_k_nearest_across_groups(inner):
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((5, 8)).astype(np.float32)
+    v = rng.standard_normal((300, 8)).astype(np.float32)
+    v[40] = v[41]  # a tie, ranked by id
+    ids = rng.permutation(10_000)[:300].astype(np.int64)
+    heap_d, heap_i, sizes = np.empty((5, 10), np.float32), np.empty((5, 10), np.int64), np.zeros(5, np.int32)
+    for lo in (0, 120, 250):  # three groups, the heaps carried over
+        hi = {0: 120, 120: 250, 250: 300}[lo]
+        vs = v[lo:hi]
+        heap.offer_dot_rows(q @ vs.T, np.einsum("ij,ij->i", vs, vs), ids[lo:hi], inner, heap_d, heap_i, sizes)
+    scan.finish(heap_d, heap_i, sizes)
+    d = -(q @ v.T) if inner else np.einsum("ij,ij->i", v, v)[None] - 2 * (q @ v.T)
+    for i in range(5):
+        want = ids[np.lexsort((ids, d[i]))[:10]]
+        np.testing.assert_array_equal(heap_i[i], want)
+    few_d, few_i, few_n = np.empty((1, 10), np.float32), np.empty((1, 10), np.int64), np.zeros(1, np.int32)
+    heap.offer_dot_rows(q[:1] @ v[:3].T, np.einsum("ij,ij->i", v[:3], v[:3]), ids[:3], inner, few_d, few_i, few_n)
+    scan.finish(few_d, few_i, few_n)
+    assert few_n[0] == 3 and (few_i[0, 3:] == -1).all() and np.isinf(few_d[0, 3:]).all()

@@ -2,7 +2,8 @@
 
 Reads every posting (background I/O class, in groups of ``READ_GROUP``), keeps each live
 vector once (the copy in its home posting) and ranks it against all queries at once with one
-BLAS product per group. The Python loop runs once per group, never per record or posting.
+BLAS product per group, whose columns a kernel offers to each query's heap. The Python loop
+runs once per group, never per record or posting.
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ READ_GROUP = 1024
 
 def exact_topk(engine: Engine, queries: np.ndarray, k: int) -> np.ndarray:
     """Internal ids ``(nq, k) int64`` of the ``k`` nearest live vectors of each query under
-    the index's metric (-1 padding when fewer are live), nearest first."""
+    the index's metric (-1 padding when fewer are live), nearest first, ties by id."""
     nq = queries.shape[0]
-    best_d = np.full((nq, k), np.inf, dtype=np.float32)
-    best_i = np.full((nq, k), -1, dtype=np.int64)
+    heap_d = np.empty((nq, k), dtype=np.float32)
+    heap_i = np.empty((nq, k), dtype=np.int64)
+    sizes = np.zeros(nq, dtype=np.int32)
     inner = engine.manifest.metric == "ip"
     g = engine.state.graph
     pids = np.flatnonzero(g.alive[: g.n]).astype(np.int64)
@@ -31,18 +33,11 @@ def exact_topk(engine: Engine, queries: np.ndarray, k: int) -> np.ndarray:
         if not ids.shape[0]:
             continue
         dots = queries @ vecs.T  # BLAS, GIL released
-        # squared L2 up to the per-query constant |q|^2, which does not change the order;
         # cosine indexes hold unit vectors, ranked as L2 (``Index.search`` does the same)
-        d = -dots if inner else np.einsum("ij,ij->i", vecs, vecs)[None, :] - 2 * dots
-        both_d = np.concatenate([best_d, d.astype(np.float32)], axis=1)
-        both_i = np.concatenate([best_i, np.broadcast_to(ids, (nq, ids.shape[0]))], axis=1)
-        top = np.argpartition(both_d, k - 1, axis=1)[:, :k] if both_d.shape[1] > k else \
-            np.broadcast_to(np.arange(both_d.shape[1]), (nq, both_d.shape[1]))
-        best_d = np.take_along_axis(both_d, top, axis=1)
-        best_i = np.take_along_axis(both_i, top, axis=1)
-    order = np.argsort(best_d, axis=1, kind="stable")
-    return np.where(np.isinf(np.take_along_axis(best_d, order, axis=1)), -1,
-                    np.take_along_axis(best_i, order, axis=1))
+        v_sq = np.einsum("ij,ij->i", vecs, vecs)
+        native.heap.offer_dot_rows(dots, v_sq, ids, inner, heap_d, heap_i, sizes)  # nogil
+    native.scan.finish(heap_d, heap_i, sizes)
+    return heap_i
 
 
 def _live_group(engine: Engine, pids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
