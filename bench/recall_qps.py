@@ -76,7 +76,7 @@ def run_method(method, ds: datasets.Dataset, queries: np.ndarray, gt: np.ndarray
                                                repeats=args.repeats, min_seconds=args.min_seconds)
         else:
             qps = measure.batch_qps(one_thread, queries, repeats=args.repeats, min_seconds=args.min_seconds)
-        lat = measure.latencies(lambda q: method.search(q, args.k), queries, n=args.latency_queries)
+        lat = measure.latencies(one_thread, queries, n=args.latency_queries)
         pct = measure.percentiles(lat)
         row = {"method": name, "params": ",".join(f"{k}={v}" for k, v in params.items()),
                "recall": recall, "qps": qps, "qps1": 1.0 / float(np.mean(lat)), **pct}
@@ -106,8 +106,8 @@ def summarize(results: dict) -> list[dict]:
             q = report.at_recall(res["rows"], t)
             row[f"qps@{t}"] = q
             row[f"p50@{t}"] = _p50_at(res["rows"], t)
-            first = next((r for r in res["rows"] if r["recall"] >= t and "qps_threads2" in r), None)
-            row[f"threads2_x@{t}"] = first.get("threads2_x", first["qps_threads2"] / first["qps"]) if first else None
+            first = next((r for r in res["rows"] if r["recall"] >= t and "threads2_x" in r), None)
+            row[f"threads2_x@{t}"] = first["threads2_x"] if first else None
             if ivf is not None and q is not None:
                 base = report.at_recall(ivf["rows"], t)
                 row[f"vs_ivf@{t}"] = q / base if base else None
